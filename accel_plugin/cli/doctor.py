@@ -1,0 +1,189 @@
+"""Report what accel-plugin sees on this machine: library versions, the device, how
+the Triton kernels would run, every registered backend and proposer (supported or
+refused, and why) and the effective environment variables.
+
+Exit status: 0 when the configuration is usable, 1 when an environment variable is
+invalid or a plugin cannot be loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import sys
+from importlib import metadata
+from typing import Any
+
+from .. import __version__, envs
+
+#: import name -> label shown
+PACKAGES = ("torch", "triton", "vllm", "text_generation_server")
+
+
+def package_version(import_name: str) -> str | None:
+    """Installed version of the distribution providing ``import_name``, or None.
+
+    Reads package metadata only: nothing is imported (vLLM takes seconds to import).
+    """
+    dists = metadata.packages_distributions().get(import_name, [])
+    for dist in dists:
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        return version if dist.replace("-", "_") == import_name else f"{version} ({dist})"
+    if importlib.util.find_spec(import_name) is not None:
+        return "installed (version unknown)"
+    return None
+
+
+def _device_info() -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError as exc:  # torch is a dependency; report rather than crash
+        return {"device": "unknown", "detail": f"torch cannot be imported: {exc}"}
+    if torch.cuda.is_available():
+        cap = torch.cuda.get_device_capability()
+        return {
+            "device": "cuda",
+            "detail": f"{torch.cuda.get_device_name()} (capability {cap[0]}.{cap[1]})",
+            "cuda_capability": list(cap),
+        }
+    return {"device": "cpu", "detail": f"CPU ({platform.machine()}), no CUDA device"}
+
+
+def _kernel_mode(device: str) -> dict[str, str]:
+    try:
+        from accel_plugin.kernels import runtime_mode, runtime_mode_reason
+    except Exception as exc:
+        return {"mode": "unavailable", "reason": f"accel_plugin.kernels cannot be imported: {exc!r}"}
+    return {"mode": runtime_mode(device), "reason": runtime_mode_reason(device)}
+
+
+def _env_report(environ=None) -> tuple[dict[str, Any], list[str]]:
+    """Effective value (or error) of every ACCEL_* variable."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    getters = {
+        envs.ACCEL_ATTENTION_BACKEND: envs.attention_backend,
+        envs.ACCEL_DRAFT_CONFIG: envs.draft_config_path,
+        envs.ACCEL_PLUGINS: envs.plugin_allowlist,
+        envs.ACCEL_TRACE: envs.trace_enabled,
+    }
+    report: dict[str, Any] = {}
+    errors: list[str] = []
+    for name, getter in getters.items():
+        raw = environ.get(name)
+        try:
+            value = getter(environ)
+        except envs.EnvVarError as exc:
+            report[name] = {"raw": raw, "error": str(exc)}
+            errors.append(str(exc))
+            continue
+        if isinstance(value, frozenset):
+            value = sorted(value)
+        report[name] = {"raw": raw, "value": value}
+    return report, errors
+
+
+def collect(environ=None) -> dict[str, Any]:
+    """Everything the doctor reports, as plain data (also printed by ``--json``)."""
+    from ..manager import PluginLoadError, get_plugin_manager, get_registries, plugin_names
+    from ..selection import SelectionContext, select_attention_backend
+
+    report: dict[str, Any] = {"accel_plugin": __version__, "errors": []}
+    report["versions"] = {"python": sys.version.split()[0]}
+    for name in PACKAGES:
+        report["versions"][name] = package_version(name)
+    device = _device_info()
+    report["device"] = device
+    report["kernels"] = _kernel_mode(device["device"])
+    env, env_errors = _env_report(environ)
+    report["env"] = env
+    report["errors"].extend(env_errors)
+
+    try:
+        pm = get_plugin_manager(environ)
+        registries = get_registries(pm)
+    except (PluginLoadError, envs.EnvVarError, ValueError) as exc:
+        report["errors"].append(str(exc))
+        report["plugins"], report["backends"], report["proposers"] = [], [], []
+        return report
+    report["plugins"] = plugin_names(pm)
+    cap = tuple(device["cuda_capability"]) if "cuda_capability" in device else None
+    report["backends"] = []
+    for spec in registries.backends:
+        reasons = spec.capabilities.check(device=device["device"], cuda_capability=cap)
+        report["backends"].append(
+            {
+                "name": spec.name,
+                "class_path": spec.class_path,
+                "description": spec.description,
+                "supported": not reasons,
+                "reasons": reasons,
+            }
+        )
+    report["proposers"] = [
+        {"name": s.name, "class_path": s.class_path, "frameworks": list(s.frameworks)}
+        for s in registries.proposers
+    ]
+    if not env_errors:
+        context = SelectionContext(framework="doctor", device=device["device"], cuda_capability=cap)
+        selection = select_attention_backend(context, pm=pm, registries=registries, environ=environ)
+        report["selection"] = {
+            "setting": selection.setting,
+            "backend": selection.backend,
+            "reasons": list(selection.reasons),
+            "summary": selection.describe(),
+        }
+    return report
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = [f"accel-plugin {report['accel_plugin']} doctor", "", "Software"]
+    for name, version in report["versions"].items():
+        lines.append(f"  {name:<24} {version or 'not installed'}")
+    lines += ["", "Device", f"  {'device':<24} {report['device']['detail']}"]
+    kernels = report["kernels"]
+    lines.append(f"  {'triton kernels':<24} {kernels['mode']}: {kernels['reason']}")
+    lines += ["", "Plugins"]
+    lines += [f"  {name}" for name in report["plugins"]] or ["  (none loaded)"]
+    lines += ["", "Attention backends"]
+    for b in report["backends"]:
+        state = "supported" if b["supported"] else "refused: " + "; ".join(b["reasons"])
+        lines.append(f"  {b['name']:<24} {state}")
+        lines.append(f"  {'':<24} {b['class_path']}")
+    if not report["backends"]:
+        lines.append("  (none registered)")
+    lines += ["", "Proposers"]
+    for p in report["proposers"]:
+        lines.append(f"  {p['name']:<24} {p['class_path']} ({', '.join(p['frameworks'])})")
+    if not report["proposers"]:
+        lines.append("  (none registered)")
+    lines += ["", "Environment"]
+    for name, entry in report["env"].items():
+        if "error" in entry:
+            shown = f"INVALID: {entry['error']}"
+        elif entry["raw"] is None:
+            shown = "unset"
+        else:
+            shown = f"{entry['raw']!r} -> {entry['value']!r}"
+        lines.append(f"  {name:<24} {shown}")
+    if "selection" in report:
+        lines += ["", "Selection", f"  {report['selection']['summary']}"]
+    if report["errors"]:
+        lines += ["", "Errors"] + [f"  {e}" for e in report["errors"]]
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    report = collect()
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return 1 if report["errors"] else 0

@@ -1,0 +1,125 @@
+"""Every environment variable accel-plugin reads, read here and nowhere else.
+
+The user-facing documentation of these variables is docs/configuration.md; a test
+checks that every name in :data:`ENV_VARS` appears there.
+
+Each getter takes an optional mapping (defaults to ``os.environ``) so callers and
+tests can evaluate a configuration without touching the process environment.
+A value that is set but invalid raises :class:`EnvVarError`, whose message names
+the variable, the value received and the valid values.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "ACCEL_ATTENTION_BACKEND",
+    "ACCEL_DRAFT_CONFIG",
+    "ACCEL_PLUGINS",
+    "ACCEL_TRACE",
+    "ATTENTION_BACKEND_CHOICES",
+    "ENV_VARS",
+    "EnvVarError",
+    "attention_backend",
+    "draft_config_path",
+    "plugin_allowlist",
+    "trace_enabled",
+]
+
+ACCEL_ATTENTION_BACKEND = "ACCEL_ATTENTION_BACKEND"
+ACCEL_DRAFT_CONFIG = "ACCEL_DRAFT_CONFIG"
+ACCEL_PLUGINS = "ACCEL_PLUGINS"
+ACCEL_TRACE = "ACCEL_TRACE"
+
+#: Valid values of ACCEL_ATTENTION_BACKEND (unset = leave the framework's default).
+ATTENTION_BACKEND_CHOICES: tuple[str, ...] = ("flash", "paged", "auto")
+_BOOL_TRUE = ("1", "true", "yes", "on")
+_BOOL_FALSE = ("0", "false", "no", "off", "")
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    summary: str
+
+
+ENV_VARS: tuple[EnvVar, ...] = (
+    EnvVar(ACCEL_ATTENTION_BACKEND, "attention backend: flash, paged, auto; unset = framework default"),
+    EnvVar(ACCEL_DRAFT_CONFIG, "path of the draft-model YAML file for the domain proposer"),
+    EnvVar(ACCEL_PLUGINS, "comma-separated allowlist of third-party accel plugins (entry-point names)"),
+    EnvVar(ACCEL_TRACE, "1 = log every hook call of the plugin manager at DEBUG level"),
+)
+
+
+class EnvVarError(ValueError):
+    """An environment variable is set to a value accel-plugin cannot use."""
+
+    def __init__(self, name: str, value: str, valid: str):
+        self.name, self.value, self.valid = name, value, valid
+        super().__init__(f"{name}={value!r} is not valid; valid values: {valid}")
+
+
+def _env(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if environ is None else environ
+
+
+def attention_backend(environ: Mapping[str, str] | None = None) -> str | None:
+    """ACCEL_ATTENTION_BACKEND, normalised to lower case; ``None`` when unset or empty."""
+    raw = _env(environ).get(ACCEL_ATTENTION_BACKEND)
+    if raw is None or raw.strip() == "":
+        return None
+    value = raw.strip().lower()
+    if value not in ATTENTION_BACKEND_CHOICES:
+        raise EnvVarError(
+            ACCEL_ATTENTION_BACKEND, raw, ", ".join(ATTENTION_BACKEND_CHOICES) + " (or unset)"
+        )
+    return value
+
+
+def draft_config_path(environ: Mapping[str, str] | None = None) -> str | None:
+    """ACCEL_DRAFT_CONFIG: path of the draft YAML; ``None`` when unset.
+
+    Existence is checked by the config loader, which reports the path it tried.
+    """
+    raw = _env(environ).get(ACCEL_DRAFT_CONFIG)
+    if raw is None or raw.strip() == "":
+        return None
+    return raw.strip()
+
+
+def plugin_allowlist(environ: Mapping[str, str] | None = None) -> frozenset[str] | None:
+    """ACCEL_PLUGINS: names of third-party plugins allowed to load; ``None`` = all."""
+    raw = _env(environ).get(ACCEL_PLUGINS)
+    if raw is None:
+        return None
+    names = [part.strip() for part in raw.split(",")]
+    if any(not n for n in names) and raw.strip() != "":
+        raise EnvVarError(ACCEL_PLUGINS, raw, "a comma-separated list of plugin names without empty items")
+    return frozenset(n for n in names if n)
+
+
+def trace_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """ACCEL_TRACE: whether hook calls are traced to the log."""
+    raw = _env(environ).get(ACCEL_TRACE)
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value in _BOOL_TRUE:
+        return True
+    if value in _BOOL_FALSE:
+        return False
+    raise EnvVarError(ACCEL_TRACE, raw, "1/0, true/false, yes/no, on/off")
+
+
+def check_all(environ: Mapping[str, str] | None = None) -> list[EnvVarError]:
+    """Validate every variable; returns the errors (empty when all are fine)."""
+    errors: list[EnvVarError] = []
+    for getter in (attention_backend, draft_config_path, plugin_allowlist, trace_enabled):
+        try:
+            getter(environ)
+        except EnvVarError as exc:
+            errors.append(exc)
+    return errors

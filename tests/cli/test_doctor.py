@@ -1,0 +1,68 @@
+"""`accel doctor` as a user runs it: the installed console script, in a subprocess."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ACCEL = shutil.which("accel", path=str(Path(sys.executable).parent)) or "accel"
+
+
+def run_doctor(*args, env_overrides=None, pythonpath=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
+    env.update(env_overrides or {})
+    if pythonpath:
+        env["PYTHONPATH"] = str(pythonpath)
+    return subprocess.run([ACCEL, "doctor", *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_doctor_reports_machine_backends_and_env():
+    proc = run_doctor()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    for needle in ("Software", "python", "torch", "triton", "vllm", "text_generation_server",
+                   "Device", "triton kernels", "ACCEL_FLASH", "ACCEL_PAGED",
+                   "ACCEL_ATTENTION_BACKEND", "ACCEL_PLUGINS", "Selection"):
+        assert needle in out, f"{needle!r} missing from:\n{out}"
+    assert "text_generation_server   not installed" in out
+
+
+def test_doctor_json_with_backend_set():
+    proc = run_doctor("--json", env_overrides={"ACCEL_ATTENTION_BACKEND": "paged"})
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["selection"]["backend"] == "ACCEL_PAGED"
+    assert report["env"]["ACCEL_ATTENTION_BACKEND"] == {"raw": "paged", "value": "paged"}
+    assert report["kernels"]["mode"] in ("compiled", "interpreter", "reference")
+    assert {b["name"] for b in report["backends"]} >= {"ACCEL_FLASH", "ACCEL_PAGED"}
+
+
+def test_doctor_fails_on_bad_env_and_names_valid_values():
+    proc = run_doctor(env_overrides={"ACCEL_ATTENTION_BACKEND": "bogus"})
+    assert proc.returncode == 1
+    assert "ACCEL_ATTENTION_BACKEND='bogus' is not valid; valid values: flash, paged, auto" in proc.stdout
+
+
+def test_doctor_fails_on_allowlist_naming_missing_plugin():
+    proc = run_doctor(env_overrides={"ACCEL_PLUGINS": "nope"})
+    assert proc.returncode == 1
+    assert "not installed: nope" in proc.stdout
+
+
+def test_doctor_lists_third_party_backend(third_party_plugin):
+    proc = run_doctor(pythonpath=third_party_plugin)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "third_party" in proc.stdout
+    assert "THIRD_PARTY_ATTN" in proc.stdout
+    assert "refused: device 'cpu' not supported (supported: cuda)" in proc.stdout
+
+
+@pytest.mark.parametrize("interpret,expected", [("1", "interpreter"), ("0", "reference")])
+def test_doctor_kernel_mode_follows_triton_interpret(interpret, expected):
+    proc = run_doctor("--json", env_overrides={"TRITON_INTERPRET": interpret})
+    report = json.loads(proc.stdout)
+    assert report["kernels"]["mode"] == expected, report["kernels"]

@@ -1,0 +1,41 @@
+import pytest
+
+from accel_plugin import envs
+
+
+@pytest.mark.parametrize("raw,expected", [(None, None), ("", None), ("flash", "flash"), ("PAGED", "paged"), (" auto ", "auto")])
+def test_attention_backend_values(raw, expected):
+    environ = {} if raw is None else {envs.ACCEL_ATTENTION_BACKEND: raw}
+    assert envs.attention_backend(environ) == expected
+
+
+def test_attention_backend_bad_value_names_valid_ones():
+    with pytest.raises(envs.EnvVarError) as info:
+        envs.attention_backend({envs.ACCEL_ATTENTION_BACKEND: "bogus"})
+    message = str(info.value)
+    assert "ACCEL_ATTENTION_BACKEND" in message and "'bogus'" in message
+    for valid in envs.ATTENTION_BACKEND_CHOICES:
+        assert valid in message
+
+
+def test_plugin_allowlist():
+    assert envs.plugin_allowlist({}) is None
+    assert envs.plugin_allowlist({envs.ACCEL_PLUGINS: ""}) == frozenset()
+    assert envs.plugin_allowlist({envs.ACCEL_PLUGINS: "a, b"}) == {"a", "b"}
+    with pytest.raises(envs.EnvVarError, match="without empty items"):
+        envs.plugin_allowlist({envs.ACCEL_PLUGINS: "a,,b"})
+
+
+@pytest.mark.parametrize("raw,expected", [("1", True), ("off", False), ("", False)])
+def test_trace(raw, expected):
+    assert envs.trace_enabled({envs.ACCEL_TRACE: raw}) is expected
+
+
+def test_trace_bad_value():
+    with pytest.raises(envs.EnvVarError, match="true/false"):
+        envs.trace_enabled({envs.ACCEL_TRACE: "maybe"})
+
+
+def test_check_all_collects_every_error():
+    errors = envs.check_all({envs.ACCEL_ATTENTION_BACKEND: "x", envs.ACCEL_TRACE: "y"})
+    assert {e.name for e in errors} == {envs.ACCEL_ATTENTION_BACKEND, envs.ACCEL_TRACE}

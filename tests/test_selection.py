@@ -1,0 +1,84 @@
+import pytest
+
+from accel_plugin import envs, hookimpl
+from accel_plugin.hookspecs import SelectionContext
+from accel_plugin.manager import get_plugin_manager, get_registries
+from accel_plugin.selection import select_attention_backend
+
+
+def ctx(**kw):
+    base = dict(framework="test", device="cpu")
+    base.update(kw)
+    return SelectionContext(**base)
+
+
+def test_unset_leaves_the_framework_default():
+    selection = select_attention_backend(ctx(), environ={})
+    assert selection.backend is None and not selection.refused
+    assert "unset" in selection.describe()
+
+
+@pytest.mark.parametrize("setting,backend", [("flash", "ACCEL_FLASH"), ("paged", "ACCEL_PAGED"), ("auto", "ACCEL_FLASH")])
+def test_settings_map_to_backends(setting, backend):
+    selection = select_attention_backend(ctx(), environ={envs.ACCEL_ATTENTION_BACKEND: setting})
+    assert selection.backend == backend
+    assert selection.describe() == f"ACCEL_ATTENTION_BACKEND={setting} -> {backend}"
+
+
+def test_unsupported_context_is_refused_with_reasons():
+    selection = select_attention_backend(
+        ctx(head_size=72, dtype="float64"), environ={envs.ACCEL_ATTENTION_BACKEND: "flash"}
+    )
+    assert selection.refused
+    assert "ACCEL_FLASH: dtype float64 not supported" in selection.describe()
+    assert "head size 72 not supported (supported: 32, 64, 80, 96, 128, 256)" in selection.describe()
+
+
+def test_old_gpu_is_refused():
+    selection = select_attention_backend(
+        ctx(device="cuda", cuda_capability=(7, 0)), environ={envs.ACCEL_ATTENTION_BACKEND: "auto"}
+    )
+    assert selection.refused
+    assert "CUDA capability 7.0 is below the required 8.0" in selection.describe()
+
+
+def test_bad_value_raises_naming_valid_values():
+    with pytest.raises(envs.EnvVarError, match="flash, paged, auto"):
+        select_attention_backend(ctx(), environ={envs.ACCEL_ATTENTION_BACKEND: "fast"})
+    with pytest.raises(envs.EnvVarError, match="flash, paged, auto"):
+        select_attention_backend(ctx(requested="fast"), environ={})
+
+
+def test_auto_prefers_highest_priority_candidate_and_skips_unsupported(third_party_plugin):
+    environ = {envs.ACCEL_ATTENTION_BACKEND: "auto"}
+    # THIRD_PARTY_ATTN has priority 100 but supports CUDA only.
+    assert select_attention_backend(ctx(device="cpu"), environ=environ).backend == "ACCEL_FLASH"
+    on_gpu = ctx(device="cuda", cuda_capability=(9, 0))
+    assert select_attention_backend(on_gpu, environ=environ).backend == "THIRD_PARTY_ATTN"
+
+
+class PreferPaged:
+    @hookimpl
+    def accel_select_attention_backend(self, context, candidates):
+        names = [c.name for c in candidates]
+        return "ACCEL_PAGED" if "ACCEL_PAGED" in names else None
+
+
+class ReturnsUnknown:
+    @hookimpl
+    def accel_select_attention_backend(self, context, candidates):
+        return "NOT_A_CANDIDATE"
+
+
+def test_auto_asks_the_selection_hook():
+    pm = get_plugin_manager({})
+    pm.register(PreferPaged())
+    selection = select_attention_backend(ctx(), pm=pm, environ={envs.ACCEL_ATTENTION_BACKEND: "auto"})
+    assert selection.backend == "ACCEL_PAGED"
+
+
+def test_selection_hook_returning_a_non_candidate_fails():
+    pm = get_plugin_manager({})
+    pm.register(ReturnsUnknown())
+    with pytest.raises(ValueError, match="'NOT_A_CANDIDATE', which is not among the candidates"):
+        select_attention_backend(ctx(), pm=pm, registries=get_registries(pm), environ={envs.ACCEL_ATTENTION_BACKEND: "auto"})
