@@ -1,0 +1,92 @@
+"""Dispatch: compiled / interpreter / reference, the reasons given, and the one-time warning."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+import accel_plugin.kernels as kernels
+from accel_plugin.kernels import _runtime, flash_attn, paged_attn, reference
+
+
+def test_public_api():
+    for name in ("flash_attn_varlen_func", "paged_attention", "write_kv_cache", "runtime_mode",
+                 "runtime_mode_reason", "SUPPORTED_HEAD_SIZES", "SUPPORTED_DTYPES", "MIN_BLOCK_SIZE",
+                 "MAX_BLOCK_SIZE", "reference"):
+        assert name in kernels.__all__ and hasattr(kernels, name)
+    assert kernels.SUPPORTED_HEAD_SIZES == (32, 64, 80, 96, 128, 256)
+    assert kernels.SUPPORTED_DTYPES == (torch.float16, torch.bfloat16, torch.float32)
+    assert (kernels.MIN_BLOCK_SIZE, kernels.MAX_BLOCK_SIZE) == (16, 256)
+
+
+@pytest.mark.parametrize("device_type,interpreted,cuda,expected", [
+    ("cpu", True, False, "interpreter"),
+    ("cuda", True, True, "interpreter"),
+    ("cuda", False, True, "compiled"),
+    ("cpu", False, True, "reference"),
+    ("cpu", False, False, "reference"),
+    ("cuda", False, False, "reference"),
+])
+def test_resolve_mode(device_type, interpreted, cuda, expected):
+    assert _runtime.resolve_mode(device_type, interpreted, cuda) == expected
+
+
+def test_mode_in_this_suite():
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("this suite runs compiled (TRITON_INTERPRET is not 1)")
+    assert kernels.runtime_mode("cpu") == "interpreter"
+    assert kernels.runtime_mode(torch.device("cpu")) == "interpreter"
+    assert kernels.runtime_mode_reason("cpu") == "TRITON_INTERPRET=1: Triton interpreter on CPU"
+    assert kernels.runtime_mode() in ("interpreter", "compiled")
+
+
+def test_reference_fallback_warns_once(monkeypatch):
+    monkeypatch.setattr(flash_attn, "runtime_mode", lambda device: "reference")
+    monkeypatch.setattr(paged_attn, "runtime_mode", lambda device: "reference")
+    monkeypatch.setattr(_runtime, "_warned", False)
+    q = torch.randn(5, 2, 32)
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = kernels.flash_attn_varlen_func(q, q, q, cu, cu, 5, 5, causal=True)
+        kernels.flash_attn_varlen_func(q, q, q, cu, cu, 5, 5, causal=True)
+    assert [w.category for w in caught] == [RuntimeWarning]
+    assert str(caught[0].message).startswith("accel_plugin.kernels: ")
+    assert "Results are exact but slow" in str(caught[0].message)
+    torch.testing.assert_close(out, reference.flash_attn_varlen_func(q, q, q, cu, cu, 5, 5, causal=True))
+
+
+def run_python(code, **env_changes):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(env_changes)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_import_without_interpreter_on_cpu():
+    """No driver access at import; CPU calls fall back to the reference with one warning."""
+    if torch.cuda.is_available():
+        pytest.skip("checks the no-GPU fallback")
+    result = run_python("""
+        import os, warnings, torch
+        import accel_plugin.kernels as K
+        print(K.runtime_mode("cpu"), "|", K.runtime_mode_reason())
+        q = torch.randn(3, 2, 32); cu = torch.tensor([0, 3], dtype=torch.int32)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = K.flash_attn_varlen_func(q, q, q, cu, cu, 3, 3)
+            K.write_kv_cache(q[:, :1], q[:, :1], torch.zeros(1, 16, 1, 32), torch.zeros(1, 16, 1, 32),
+                             torch.tensor([0, 1, -1]))
+        print(len(caught), out.shape)
+        os.environ["TRITON_INTERPRET"] = "1"  # too late: the kernels are already jitted
+        print(K.runtime_mode("cpu"), "|", K.runtime_mode_reason("cpu"))
+    """)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "reference | no CUDA device and TRITON_INTERPRET unset: pure-torch reference"
+    assert lines[1] == "1 torch.Size([3, 2, 32])"
+    assert lines[2].startswith("reference | TRITON_INTERPRET was set after accel_plugin.kernels was imported")
