@@ -8,10 +8,11 @@ torch nor triton; tests/test_builtin.py checks they match what the kernels accep
 from __future__ import annotations
 
 from .hookspecs import AdapterComponents, hookimpl
-from .registry import BackendRegistry, BackendSpec, Capabilities
+from .registry import BackendRegistry, BackendSpec, Capabilities, ProposerRegistry, ProposerSpec
 
 ACCEL_FLASH = "ACCEL_FLASH"
 ACCEL_PAGED = "ACCEL_PAGED"
+ACCEL_DOMAIN_DRAFT = "ACCEL_DOMAIN_DRAFT"
 
 #: ACCEL_ATTENTION_BACKEND value -> backend name (``auto`` asks the hooks).
 SETTING_TO_BACKEND = {"flash": ACCEL_FLASH, "paged": ACCEL_PAGED}
@@ -54,6 +55,20 @@ def accel_register_attention_backends(registry: BackendRegistry) -> None:
 
 
 @hookimpl
+def accel_register_proposers(registry: ProposerRegistry) -> None:
+    registry.register(
+        ProposerSpec(
+            name=ACCEL_DOMAIN_DRAFT,
+            class_path="accel_plugin.adapters.vllm:DomainDraftProposer",
+            description="domain-tuned draft-model proposer (YAML from ACCEL_DRAFT_CONFIG)",
+            frameworks=("vllm",),
+        )
+    )
+
+
+@hookimpl
 def accel_adapter_components(components: AdapterComponents) -> None:
     if components.framework in ("vllm", "tgi"):
         components.attention_backends.extend([ACCEL_FLASH, ACCEL_PAGED])
+    if components.framework == "vllm":
+        components.proposers.append(ACCEL_DOMAIN_DRAFT)

@@ -40,7 +40,7 @@ def test_wheel_metadata_entry_points_and_dependencies(wheel):
     metadata = zf.read(info.replace("entry_points.txt", "METADATA")).decode()
     requires = [l.split(":", 1)[1].strip() for l in metadata.splitlines() if l.startswith("Requires-Dist:")]
     runtime = sorted(r.split(">")[0].split("=")[0].split(";")[0].strip().lower() for r in requires if "extra ==" not in r)
-    assert runtime == ["numpy", "pluggy", "pydantic", "pyyaml", "torch", "triton"]
+    assert runtime == ["numpy", "pluggy", "pydantic", "pyyaml", "safetensors", "torch", "triton"]
 
 
 def test_import_is_cheap_and_framework_free():

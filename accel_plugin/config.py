@@ -1,0 +1,434 @@
+"""The draft-model YAML file of the domain proposer: pydantic models and a loader.
+
+A user maps request domains to draft models and points ``ACCEL_DRAFT_CONFIG`` at
+the file (reference: docs/speculative.md)::
+
+    num_speculative_tokens: 5          # k_max
+    domains:
+      support:
+        draft: ./drafts/support        # a local Hugging Face model dir (safetensors)
+        match:
+          keywords: [refund, order, delivery]
+          regex: ['(?i)ticket #\\d+']
+    default:
+      draft: ./drafts/general          # or null: no speculation for unmatched requests
+    controller:
+      adaptive: true
+      min_acceptance: 0.5
+
+:func:`load_draft_config` reads and validates the file; every problem it finds
+(unknown keys, wrong types, bad regexes, missing model directories, weights that
+are not safetensors) is collected into one :class:`DraftConfigError` whose lines
+name the file, the line and the key. :func:`check_against_target` is the second
+half of start-up validation, once the target model is known: vocabulary and
+tokenizer compatibility, and ``num_speculative_tokens`` against the framework's.
+
+Relative ``draft`` paths are resolved against the YAML file's folder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "DEFAULT_DOMAIN",
+    "SUPPORTED_ARCHITECTURES",
+    "ConfigIssue",
+    "ControllerConfig",
+    "DefaultDraftConfig",
+    "DomainConfig",
+    "DraftConfig",
+    "DraftConfigError",
+    "MatchConfig",
+    "check_against_target",
+    "load_draft_config",
+    "parse_draft_config",
+]
+
+#: Name under which requests that match no domain are counted.
+DEFAULT_DOMAIN = "default"
+#: ``architectures`` of draft config.json files that the lean draft engine runs.
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+class _Strict(BaseModel):
+    """Unknown keys and loose types (``"5"`` for 5, ``1`` for true) are errors."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class MatchConfig(_Strict):
+    """How a prompt is recognised as belonging to a domain (either rule suffices)."""
+
+    #: whole words, matched case-insensitively anywhere in the prompt
+    keywords: list[str] = Field(default_factory=list)
+    #: Python regular expressions, searched (``re.search``) in the prompt
+    regex: list[str] = Field(default_factory=list)
+
+    @field_validator("keywords")
+    @classmethod
+    def _non_empty_keywords(cls, value: list[str]) -> list[str]:
+        for word in value:
+            if not word.strip():
+                raise ValueError("keywords must not be empty strings")
+        return value
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+        return value
+
+
+class DomainConfig(_Strict):
+    """One domain: its draft model and how its requests are recognised."""
+
+    draft: str
+    match: MatchConfig
+    #: a smaller k_max for this domain (default: the top-level num_speculative_tokens)
+    num_speculative_tokens: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _has_a_rule(self) -> DomainConfig:
+        if not self.match.keywords and not self.match.regex:
+            raise ValueError("match needs at least one keyword or regex, or no request would reach this domain")
+        return self
+
+
+class DefaultDraftConfig(_Strict):
+    """Requests that match no domain: a draft, or ``null`` for no speculation."""
+
+    draft: str | None = None
+    num_speculative_tokens: int | None = Field(default=None, ge=1)
+
+
+class ControllerConfig(_Strict):
+    """The acceptance controller (see docs/speculative.md, "How k is chosen")."""
+
+    #: false: always draft k_max tokens (a fixed-k baseline)
+    adaptive: bool = True
+    #: a domain whose windowed acceptance falls below this drafts nothing (0 = the
+    #: speedup formula alone decides)
+    min_acceptance: float = Field(default=0.0, ge=0.0, le=1.0)
+    #: how many recent (request, step) observations the acceptance estimate uses
+    window: int = Field(default=256, ge=1)
+    #: observations needed before the controller leaves k_max for its own choice
+    min_samples: int = Field(default=16, ge=1)
+    #: a switched-off domain drafts ``probe_k`` tokens once every ``probe_interval`` steps
+    probe_interval: int = Field(default=32, ge=1)
+    probe_k: int = Field(default=1, ge=1)
+    #: a fixed draft/target cost ratio c instead of the measured one
+    draft_cost: float | None = Field(default=None, gt=0.0)
+    #: k is kept only when its predicted speedup is at least this (1.0 = break-even)
+    min_speedup: float = Field(default=1.0, gt=0.0)
+    #: seconds between two log lines with the per-domain counters (0 = never)
+    log_interval_s: float = Field(default=30.0, ge=0.0)
+
+
+class DraftConfig(_Strict):
+    """The whole YAML file."""
+
+    num_speculative_tokens: int = Field(ge=1)
+    domains: dict[str, DomainConfig] = Field(default_factory=dict)
+    default: DefaultDraftConfig = Field(default_factory=DefaultDraftConfig)
+    controller: ControllerConfig = Field(default_factory=ControllerConfig)
+    #: passed to transformers when a draft's tokenizer is loaded; off unless set
+    trust_remote_code: bool = False
+    #: dtype of the draft forward; auto = the target's dtype
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+
+    # Where the YAML came from, for messages of later checks (check_against_target).
+    _file: str | None = PrivateAttr(default=None)
+    _lines: dict = PrivateAttr(default_factory=dict)
+
+    @field_validator("domains")
+    @classmethod
+    def _domain_names(cls, value: dict[str, DomainConfig]) -> dict[str, DomainConfig]:
+        if DEFAULT_DOMAIN in value:
+            raise ValueError(f"{DEFAULT_DOMAIN!r} is reserved for unmatched requests; use the top-level 'default' key")
+        return value
+
+    def k_max(self, domain: str) -> int:
+        """k_max of ``domain`` (a domain may lower, never raise, the global one)."""
+        entry = self.default if domain == DEFAULT_DOMAIN else self.domains[domain]
+        own = entry.num_speculative_tokens
+        return min(own, self.num_speculative_tokens) if own else self.num_speculative_tokens
+
+    def drafts(self) -> dict[str, str | None]:
+        """Domain name -> draft directory (``None``: no speculation), default last."""
+        out: dict[str, str | None] = {name: d.draft for name, d in self.domains.items()}
+        out[DEFAULT_DOMAIN] = self.default.draft
+        return out
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    """One problem: the key path (``domains.code.draft``), a message, where it is."""
+
+    key: str
+    message: str
+    file: str | None = None
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = self.file or "<config>"
+        if self.line is not None:
+            where += f":{self.line}"
+        return f"{where}: {self.key or '(top level)'}: {self.message}"
+
+
+class DraftConfigError(ValueError):
+    """The draft YAML cannot be used; ``issues`` lists every problem found."""
+
+    def __init__(self, issues: list[ConfigIssue]):
+        self.issues = issues
+        lines = "\n".join(f"  {issue}" for issue in issues)
+        super().__init__(f"invalid draft config ({len(issues)} problem(s)):\n{lines}")
+
+
+# ------------------------------------------------------------------ line numbers
+
+
+def _key_lines(text: str) -> dict[tuple[str, ...], int]:
+    """Key path -> 1-based line, from the YAML node tree (best effort)."""
+    lines: dict[tuple[str, ...], int] = {}
+
+    def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
+        lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                key = (*path, str(key_node.value))
+                lines[key] = key_node.start_mark.line + 1
+                walk(value_node, key)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, (*path, str(i)))
+                lines[(*path, str(i))] = item.start_mark.line + 1
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return lines
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+def _line_of(lines: dict[tuple[str, ...], int], path: tuple[str, ...]) -> int | None:
+    for end in range(len(path), -1, -1):
+        if path[:end] in lines:
+            return lines[path[:end]]
+    return None
+
+
+def _issues_from_validation(exc: ValidationError, file: str | None, lines: dict) -> list[ConfigIssue]:
+    issues = []
+    for err in exc.errors():
+        # pydantic puts the union member / validator name in loc for some errors
+        path = tuple(str(p) for p in err["loc"] if not str(p).startswith(("function-", "union[")))
+        path = tuple(p for p in path if p not in ("str", "none", "int"))
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = "unknown key"
+            parent = _model_for(path[:-1])
+            if parent is not None:
+                message += f"; valid keys here: {', '.join(parent.model_fields)}"
+        elif err["type"] == "missing":
+            message = "required key is missing"
+        elif isinstance(err.get("input"), (str, int, float, bool)):
+            message += f"; got {err['input']!r}"
+        issues.append(ConfigIssue(".".join(path), message, file, _line_of(lines, path)))
+    return issues
+
+
+def _model_for(path: tuple[str, ...]) -> type[BaseModel] | None:
+    """The pydantic model that validates the mapping at ``path`` (for 'valid keys')."""
+    if path == ():
+        return DraftConfig
+    if path == ("default",):
+        return DefaultDraftConfig
+    if path == ("controller",):
+        return ControllerConfig
+    if len(path) == 2 and path[0] == "domains":
+        return DomainConfig
+    if len(path) == 3 and path[0] == "domains" and path[2] == "match":
+        return MatchConfig
+    return None
+
+
+# --------------------------------------------------------------------- model dirs
+
+
+def _check_model_dir(raw: str, base: Path, key: str, trust_remote_code: bool) -> tuple[Path | None, str | None]:
+    """Resolve a draft directory; returns (path, None) or (None, problem)."""
+    path = Path(raw).expanduser()
+    if not path.is_absolute():
+        path = (base / path).resolve()
+    if not path.is_dir():
+        return None, f"draft model directory {str(path)!r} does not exist (relative paths are resolved against the YAML file's folder)"
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        return None, f"{str(path)!r} has no config.json; expected a Hugging Face model directory"
+    if not list(path.glob("*.safetensors")):
+        others = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".gguf"))
+        found = f"; found {', '.join(others)}" if others else ""
+        return None, (
+            f"{str(path)!r} has no *.safetensors weights{found}; only safetensors are loaded "
+            "(convert with `model.save_pretrained(dir, safe_serialization=True)`)"
+        )
+    try:
+        hf_config = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        return None, f"cannot read {str(config_file)!r}: {exc}"
+    if hf_config.get("auto_map") and not trust_remote_code:
+        return None, f"{str(path)!r} needs custom code (auto_map in config.json); set trust_remote_code: true if you trust it"
+    archs = hf_config.get("architectures") or []
+    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        return None, (
+            f"architecture {', '.join(archs) or '(none)'} of {str(path)!r} is not supported by the draft engine "
+            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
+    return path, None
+
+
+def parse_draft_config(text: str, *, file: str | Path | None = None, check_paths: bool = True) -> DraftConfig:
+    """Validate YAML ``text``; draft paths become absolute (relative to ``file``'s folder).
+
+    Raises :class:`DraftConfigError` listing every problem found.
+    """
+    file_name = str(file) if file is not None else None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise DraftConfigError([ConfigIssue("", f"not valid YAML: {exc}", file_name, line)]) from None
+    if not isinstance(data, dict):
+        raise DraftConfigError([ConfigIssue("", "the file must be a YAML mapping with at least num_speculative_tokens", file_name, 1)])
+    lines = _key_lines(text)
+    try:
+        config = DraftConfig.model_validate(data)
+    except ValidationError as exc:
+        raise DraftConfigError(_issues_from_validation(exc, file_name, lines)) from None
+    if not check_paths:
+        config._file, config._lines = file_name, lines
+        return config
+
+    base = Path(file).resolve().parent if file is not None else Path.cwd()
+    issues: list[ConfigIssue] = []
+    resolved: dict[str, Any] = {}
+    entries: list[tuple[tuple[str, ...], str | None]] = [
+        (("domains", name, "draft"), d.draft) for name, d in config.domains.items()
+    ]
+    entries.append((("default", "draft"), config.default.draft))
+    for path, raw in entries:
+        if raw is None:
+            continue
+        model_dir, problem = _check_model_dir(raw, base, ".".join(path), config.trust_remote_code)
+        if problem:
+            issues.append(ConfigIssue(".".join(path), problem, file_name, _line_of(lines, path)))
+        else:
+            resolved[path] = str(model_dir)
+    if issues:
+        raise DraftConfigError(issues)
+
+    domains = {
+        name: d.model_copy(update={"draft": resolved[("domains", name, "draft")]})
+        for name, d in config.domains.items()
+    }
+    default = config.default
+    if default.draft is not None:
+        default = default.model_copy(update={"draft": resolved[("default", "draft")]})
+    config = config.model_copy(update={"domains": domains, "default": default})
+    config._file, config._lines = file_name, lines
+    return config
+
+
+def load_draft_config(path: str | Path) -> DraftConfig:
+    """Read and validate the draft YAML at ``path`` (e.g. ``envs.draft_config_path()``)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise DraftConfigError([ConfigIssue("", f"cannot read the draft config: {exc.strerror}", str(path))]) from None
+    return parse_draft_config(text, file=path)
+
+
+# -------------------------------------------------------------- against a target
+
+
+def _vocab_of(model_dir: Path, trust_remote_code: bool) -> dict[str, int] | None:
+    """Token -> id of the tokenizer saved in ``model_dir``; ``None`` when it has none."""
+    if not any((model_dir / f).exists() for f in _TOKENIZER_FILES):
+        return None
+    if (model_dir / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(model_dir / "tokenizer.json")).get_vocab(with_added_tokens=True)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code).get_vocab()
+
+
+def check_against_target(
+    config: DraftConfig,
+    target_dir: str | Path,
+    *,
+    framework_k: int | None = None,
+    tokenizer_dir: str | Path | None = None,
+) -> None:
+    """Start-up checks that need the target: vocabulary, tokenizer, k_max.
+
+    ``framework_k`` is the framework's num_speculative_tokens (the most tokens it
+    verifies per step); ``tokenizer_dir`` defaults to ``target_dir``. Raises
+    :class:`DraftConfigError`.
+    """
+    file_name, lines = config._file, config._lines
+    issues: list[ConfigIssue] = []
+    if framework_k is not None and config.num_speculative_tokens > framework_k:
+        issues.append(ConfigIssue(
+            "num_speculative_tokens",
+            f"{config.num_speculative_tokens} exceeds the framework's num_speculative_tokens={framework_k}; "
+            f"lower it here or raise it in speculative_config",
+            file_name, _line_of(lines, ("num_speculative_tokens",)),
+        ))
+    target_dir = Path(target_dir)
+    target_cfg = json.loads((target_dir / "config.json").read_text()) if (target_dir / "config.json").is_file() else {}
+    target_vocab = _vocab_of(Path(tokenizer_dir or target_dir), config.trust_remote_code)
+    seen: set[str] = set()
+    for domain, draft in config.drafts().items():
+        if draft is None or draft in seen:
+            continue
+        seen.add(draft)
+        path = ("default", "draft") if domain == DEFAULT_DOMAIN else ("domains", domain, "draft")
+        key, line = ".".join(path), _line_of(lines, path)
+        draft_cfg = json.loads((Path(draft) / "config.json").read_text())
+        if target_cfg.get("vocab_size") and draft_cfg.get("vocab_size") != target_cfg["vocab_size"]:
+            issues.append(ConfigIssue(key, (
+                f"the draft's vocab_size {draft_cfg.get('vocab_size')} differs from the target's "
+                f"{target_cfg['vocab_size']}; draft and target must share one vocabulary"), file_name, line))
+            continue
+        draft_vocab = _vocab_of(Path(draft), config.trust_remote_code)
+        if draft_vocab is not None and target_vocab is not None and draft_vocab != target_vocab:
+            differ = sum(1 for tok, i in draft_vocab.items() if target_vocab.get(tok) != i)
+            differ += len(set(target_vocab) - set(draft_vocab))
+            issues.append(ConfigIssue(key, (
+                f"the draft's tokenizer differs from the target's ({differ} tokens map to other ids); "
+                "use a draft trained with the target's tokenizer"), file_name, line))
+    if issues:
+        raise DraftConfigError(issues)

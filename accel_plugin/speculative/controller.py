@@ -1,0 +1,312 @@
+"""How many tokens to draft, per domain: acceptance, costs and the speedup model.
+
+The model (Leviathan, Kalman, Matias 2023): with per-position acceptance
+probability ``a`` and a draft forward costing ``c`` target forwards, drafting ``k``
+tokens gives an expected speedup over plain decoding of
+
+    S(a, k, c) = (1 - a^(k+1)) / ((1 - a) (k c + 1))
+
+The controller keeps, per domain, a window of recent observations (one per request
+and step: drafted ``k``, accepted ``n``), from which it estimates ``a`` as
+accepted / tested positions (a position is tested when every earlier draft was
+accepted: ``n + (n < k)`` positions per observation, the maximum-likelihood
+estimate under the model, unlike accepted / drafted which is biased low). ``c`` is
+the measured cost of one draft forward divided by the measured target step time
+(or ``controller.draft_cost`` from the YAML).
+
+A domain's k is the ``k`` in ``0..k_max`` with the largest ``S``; ``k = 0`` (off)
+when no ``k >= 1`` reaches ``min_speedup`` (break-even by default) or the windowed
+acceptance is below ``min_acceptance``. An off domain drafts ``probe_k`` tokens
+once every ``probe_interval`` of its steps so that a change in acceptance is seen.
+A domain whose draft model failed is off for good (state ``failed``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..config import ControllerConfig
+
+__all__ = [
+    "AcceptanceWindow",
+    "DomainController",
+    "DomainState",
+    "DomainStats",
+    "best_k",
+    "expected_speedup",
+    "expected_tokens",
+]
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Expected tokens per target step, ``(1 - a^(k+1)) / (1 - a)`` (= k + 1 at a = 1)."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1]; got {alpha}")
+    if k < 0:
+        raise ValueError(f"k must be >= 0; got {k}")
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def expected_speedup(alpha: float, k: int, c: float) -> float:
+    """``S = (1 - a^(k+1)) / ((1 - a)(k c + 1))``; 1.0 at k = 0."""
+    if c < 0:
+        raise ValueError(f"c must be >= 0; got {c}")
+    return expected_tokens(alpha, k) / (k * c + 1.0)
+
+
+def best_k(alpha: float, c: float, k_max: int, min_speedup: float = 1.0) -> tuple[int, float]:
+    """``(k, S)`` with the largest ``S`` over ``k`` in ``1..k_max``, or ``(0, 1.0)``
+    when none reaches ``min_speedup`` (ties go to the smaller k)."""
+    best, best_s = 0, 1.0
+    for k in range(1, k_max + 1):
+        s = expected_speedup(alpha, k, c)
+        if s > best_s + 1e-12:
+            best, best_s = k, s
+    if best and best_s < min_speedup:
+        return 0, 1.0
+    return best, best_s
+
+
+class AcceptanceWindow:
+    """The last ``size`` observations ``(k drafted, n accepted)``, with running sums."""
+
+    def __init__(self, size: int, k_max: int):
+        self.size = size
+        self._obs: deque[tuple[int, int]] = deque()
+        self.tested = 0
+        self.accepted = 0
+        self.drafted = 0
+        # per position j (0-based): how often it was tested / accepted
+        self.pos_tested = [0] * k_max
+        self.pos_accepted = [0] * k_max
+
+    def __len__(self) -> int:
+        return len(self._obs)
+
+    def _apply(self, k: int, n: int, sign: int) -> None:
+        tested = min(n + 1, k)
+        self.tested += sign * tested
+        self.accepted += sign * n
+        self.drafted += sign * k
+        for j in range(min(tested, len(self.pos_tested))):
+            self.pos_tested[j] += sign
+            if j < n:
+                self.pos_accepted[j] += sign
+
+    def add(self, k: int, n: int) -> None:
+        if k <= 0:
+            return
+        if not 0 <= n <= k:
+            raise ValueError(f"accepted must be in 0..{k}; got {n}")
+        self._obs.append((k, n))
+        self._apply(k, n, +1)
+        if len(self._obs) > self.size:
+            self._apply(*self._obs.popleft(), -1)
+
+    @property
+    def alpha(self) -> float | None:
+        """Per-position acceptance (accepted / tested positions); ``None`` without data."""
+        return self.accepted / self.tested if self.tested else None
+
+    def per_position(self) -> list[float | None]:
+        """Conditional acceptance at each draft position (given all earlier accepted)."""
+        return [a / t if t else None for a, t in zip(self.pos_accepted, self.pos_tested)]
+
+
+class DomainState:
+    """What the controller does with a domain right now."""
+
+    WARMUP = "warmup"  #: too few observations: drafting k_max
+    ON = "on"  #: drafting the k that maximises S
+    OFF = "off"  #: below break-even: k = 0 except probes
+    FIXED = "fixed"  #: adaptive: false
+    FAILED = "failed"  #: the draft model raised; off until restart
+    NO_DRAFT = "no-draft"  #: the YAML gives this domain no draft
+
+
+@dataclass
+class DomainStats:
+    """Counters of one domain, as :meth:`DomainController.stats` returns them."""
+
+    domain: str
+    draft: str | None
+    state: str
+    k: int
+    k_max: int
+    steps: int = 0  #: (request, step) pairs that drafted
+    drafted: int = 0  #: draft tokens proposed
+    accepted: int = 0  #: draft tokens the target accepted
+    alpha: float | None = None  #: windowed per-position acceptance
+    acceptance_per_pos: list[float | None] = field(default_factory=list)
+    cost_ratio: float | None = None  #: c: one draft forward / one target step
+    draft_forward_ms: float | None = None  #: mean time of one batched draft forward
+    target_step_ms: float | None = None  #: median time of one target step (between propose calls)
+    expected_speedup: float | None = None
+    error: str | None = None
+
+    @property
+    def acceptance_rate(self) -> float:
+        """accepted / drafted over the whole run (vLLM's definition)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """1 + accepted / drafting steps (vLLM's "mean acceptance length")."""
+        return 1.0 + self.accepted / self.steps if self.steps else 1.0
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+class _Domain:
+    def __init__(self, name: str, draft: str | None, k_max: int, cfg: ControllerConfig):
+        self.name, self.draft, self.k_max = name, draft, k_max
+        self.window = AcceptanceWindow(cfg.window, k_max)
+        self.state = DomainState.NO_DRAFT if draft is None else (
+            DomainState.WARMUP if cfg.adaptive else DomainState.FIXED
+        )
+        self.k = 0 if draft is None else k_max
+        self.steps = self.drafted = self.accepted = 0
+        self.idle_steps = 0  #: steps spent off since the last probe
+        self.speedup: float | None = None
+        self.error: str | None = None
+
+
+class DomainController:
+    """Chooses k per domain; learns from observed acceptance and measured costs.
+
+    ``c`` is ``draft_time / target_time`` where ``draft_time`` is the mean time of
+    one batched draft forward of the domain's draft model and ``target_time`` the
+    median time of one target step, both fed by the proposer through
+    :meth:`record_draft_time` and :meth:`record_target_time`.
+    """
+
+    def __init__(self, cfg: ControllerConfig, drafts: dict[str, str | None], k_max: dict[str, int]):
+        self.cfg = cfg
+        self._domains = {name: _Domain(name, draft, k_max[name], cfg) for name, draft in drafts.items()}
+        self._draft_times: dict[str, deque[float]] = {}
+        self._target_times: deque[float] = deque(maxlen=64)
+
+    # ---------------------------------------------------------------- measurement
+
+    def record_draft_time(self, draft: str, seconds_per_forward: float) -> None:
+        self._draft_times.setdefault(draft, deque(maxlen=64)).append(seconds_per_forward)
+
+    def record_target_time(self, seconds: float) -> None:
+        self._target_times.append(seconds)
+
+    def draft_forward_s(self, domain: str) -> float | None:
+        times = self._draft_times.get(self._domains[domain].draft or "")
+        return sum(times) / len(times) if times else None
+
+    def target_step_s(self) -> float | None:
+        if not self._target_times:
+            return None
+        return sorted(self._target_times)[len(self._target_times) // 2]
+
+    def cost_ratio(self, domain: str) -> float | None:
+        """c for ``domain``: configured, or measured (``None`` until both are measured)."""
+        if self.cfg.draft_cost is not None:
+            return self.cfg.draft_cost
+        draft, target = self.draft_forward_s(domain), self.target_step_s()
+        if draft is None or not target:
+            return None
+        return draft / target
+
+    # -------------------------------------------------------------------- decisions
+
+    def observe(self, domain: str, k: int, accepted: int) -> None:
+        """A request of ``domain`` drafted ``k`` tokens last step; ``accepted`` were kept."""
+        d = self._domains[domain]
+        if k <= 0:
+            return
+        accepted = max(0, min(accepted, k))
+        d.window.add(k, accepted)
+        d.steps += 1
+        d.drafted += k
+        d.accepted += accepted
+
+    def step(self) -> None:
+        """Re-decide every domain's k (called once per framework step)."""
+        for d in self._domains.values():
+            self._decide(d)
+
+    def _decide(self, d: _Domain) -> None:
+        if d.state in (DomainState.NO_DRAFT, DomainState.FAILED, DomainState.FIXED):
+            return
+        alpha = d.window.alpha
+        c = self.cost_ratio(d.name)
+        if alpha is None or len(d.window) < self.cfg.min_samples or c is None:
+            d.state, d.k = DomainState.WARMUP, d.k_max
+            return
+        k, s = best_k(alpha, c, d.k_max, self.cfg.min_speedup)
+        if alpha < self.cfg.min_acceptance:
+            k, s = 0, 1.0
+        d.speedup = s if k else expected_speedup(alpha, 1, c)
+        if k:
+            d.state, d.k, d.idle_steps = DomainState.ON, k, 0
+        else:
+            d.state, d.k = DomainState.OFF, 0
+
+    def k_for(self, domain: str) -> int:
+        """Tokens to draft this step for a request of ``domain`` (probes included).
+
+        Call :meth:`end_step` once per framework step after the last ``k_for``.
+        """
+        d = self._domains[domain]
+        if d.state == DomainState.OFF:
+            return min(self.cfg.probe_k, d.k_max) if d.idle_steps + 1 >= self.cfg.probe_interval else 0
+        return d.k
+
+    def end_step(self, domains_seen: set[str]) -> None:
+        """Count a step of every off domain that had requests (towards its next probe)."""
+        for name in domains_seen:
+            d = self._domains[name]
+            if d.state == DomainState.OFF:
+                d.idle_steps = 0 if d.idle_steps + 1 >= self.cfg.probe_interval else d.idle_steps + 1
+
+    def fail(self, draft: str, error: str) -> list[str]:
+        """Switch off every domain served by ``draft``; returns their names."""
+        names = []
+        for d in self._domains.values():
+            if d.draft == draft and d.state != DomainState.FAILED:
+                d.state, d.k, d.error = DomainState.FAILED, 0, error
+                names.append(d.name)
+        return names
+
+    # ------------------------------------------------------------------- reading
+
+    def stats(self) -> dict[str, DomainStats]:
+        out = {}
+        for d in self._domains.values():
+            c = self.cost_ratio(d.name)
+            alpha = d.window.alpha
+            speedup = None
+            if alpha is not None and c is not None:
+                speedup = expected_speedup(alpha, d.k, c)
+            out[d.name] = DomainStats(
+                domain=d.name, draft=d.draft, state=d.state, k=d.k, k_max=d.k_max,
+                steps=d.steps, drafted=d.drafted, accepted=d.accepted, alpha=alpha,
+                acceptance_per_pos=d.window.per_position(), cost_ratio=c,
+                draft_forward_ms=_ms(self.draft_forward_s(d.name)), target_step_ms=_ms(self.target_step_s()),
+                expected_speedup=speedup, error=d.error,
+            )
+        return out
+
+    def summary(self) -> str:
+        """One line per domain, for the periodic log."""
+        parts = []
+        for s in self.stats().values():
+            alpha = "n/a" if s.alpha is None else f"{s.alpha:.2f}"
+            c = "n/a" if s.cost_ratio is None else f"{s.cost_ratio:.3f}"
+            sp = "n/a" if s.expected_speedup is None or math.isnan(s.expected_speedup) else f"{s.expected_speedup:.2f}x"
+            parts.append(
+                f"{s.domain}: state={s.state} k={s.k}/{s.k_max} drafted={s.drafted} "
+                f"accepted={s.accepted} alpha={alpha} c={c} S={sp}"
+            )
+        return "; ".join(parts)

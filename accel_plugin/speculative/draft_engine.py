@@ -1,0 +1,164 @@
+"""Runs the draft models: per-request draft KV caches, batched drafting, timing.
+
+One :class:`LlamaDraftModel` is loaded per distinct draft directory (two domains
+may share one). Each request being drafted owns a :class:`DraftCache`: its KV slot
+in that model and the tokens whose K/V the slot holds. At every step the cached
+tokens are compared with the request's verified context; the common prefix is kept
+(accepted drafts stay, rejected ones are dropped by overwriting) and only the new
+tokens are run. So the draft never recomputes a context it has seen.
+
+Drafting one step for ``R`` requests of one draft model takes ``max k`` forwards:
+the first runs every request's new tokens (1-2 tokens for a running request, the
+whole prompt for a new one; long prompts run in forwards of their own so that
+short rows are not padded to their length), then ``k - 1`` one-token forwards
+extend every request that still needs drafts, all rows of the model in one batch.
+Drafting is greedy (argmax), which is what vLLM's own draft-model proposer does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .llama import LlamaDraftModel
+
+__all__ = ["DraftCache", "DraftEngine", "DraftJob", "DraftResult"]
+
+#: new-token counts above this run in forwards of their own (prompt prefills)
+_LONG_ROW = 16
+
+
+@dataclass
+class DraftCache:
+    """A request's KV slot in one draft model and the tokens cached there."""
+
+    draft: str
+    slot: int
+    tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+@dataclass
+class DraftJob:
+    """Draft ``k`` tokens after ``context`` (the request's verified tokens)."""
+
+    cache: DraftCache
+    context: np.ndarray
+    k: int
+
+
+@dataclass
+class DraftResult:
+    """Drafts per job (same order), and the time spent in 1-token rounds."""
+
+    drafts: list[list[int]]
+    seconds: float  #: wall time of this call, prompt prefills excluded (paid every step)
+    rounds: int  #: forwards of the k loop (the cost of one draft token is seconds / rounds)
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
+
+
+class DraftEngine:
+    """Loads draft models lazily (by directory) and drafts for groups of requests."""
+
+    def __init__(self, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 max_len: int = 2048, initial_slots: int = 8):
+        self.dtype, self.device, self.max_len = dtype, torch.device(device), max_len
+        self.initial_slots = initial_slots
+        self.models: dict[str, LlamaDraftModel] = {}
+
+    def load(self, draft: str) -> LlamaDraftModel:
+        model = self.models.get(draft)
+        if model is None:
+            model = LlamaDraftModel(draft, dtype=self.dtype, device=self.device,
+                                    max_len=self.max_len, initial_slots=self.initial_slots)
+            self.models[draft] = model
+        return model
+
+    def unload(self, draft: str) -> None:
+        """Drop a model and its caches (after a failure)."""
+        self.models.pop(draft, None)
+
+    def new_cache(self, draft: str) -> DraftCache:
+        return DraftCache(draft, self.load(draft).alloc_slot())
+
+    def free_cache(self, cache: DraftCache) -> None:
+        model = self.models.get(cache.draft)
+        if model is not None:
+            model.free_slot(cache.slot)
+
+    def draft(self, draft: str, jobs: Sequence[DraftJob]) -> DraftResult:
+        """Greedy drafts for ``jobs`` (all of model ``draft``); raises what the model raises."""
+        model = self.load(draft)
+        n = len(jobs)
+        drafts: list[list[int]] = [[] for _ in range(n)]
+        active = [i for i, job in enumerate(jobs) if job.k > 0 and len(job.context) > 0]
+        if not active:
+            return DraftResult(drafts, 0.0, 0)
+        device = self.device
+        t_start = time.perf_counter()
+        prefill_seconds = 0.0
+        # 1. catch up: each row runs the context tokens its cache lacks
+        starts, news = {}, {}
+        for i in active:
+            job = jobs[i]
+            keep = min(_common_prefix(job.cache.tokens, job.context), len(job.context) - 1)
+            starts[i], news[i] = keep, job.context[keep:]
+        short = [i for i in active if len(news[i]) <= _LONG_ROW]
+        long = [i for i in active if len(news[i]) > _LONG_ROW]
+        last_token: dict[int, int] = {}
+        rounds = 0
+        for group in ([short] if short else []) + [[i] for i in long]:
+            t0 = time.perf_counter()
+            width = max(len(news[i]) for i in group)
+            tokens = torch.zeros(len(group), width, dtype=torch.long)
+            for r, i in enumerate(group):
+                tokens[r, : len(news[i])] = torch.from_numpy(news[i].astype(np.int64))
+            logits = model.forward(
+                tokens.to(device),
+                torch.tensor([starts[i] for i in group], dtype=torch.long, device=device),
+                torch.tensor([len(news[i]) for i in group], dtype=torch.long, device=device),
+                torch.tensor([jobs[i].cache.slot for i in group], dtype=torch.long, device=device),
+            )
+            for r, tok in enumerate(logits.argmax(dim=-1).tolist()):
+                drafts[group[r]].append(tok)
+                last_token[group[r]] = tok
+            if group is short:
+                rounds += 1
+            else:
+                # prompt prefills are one-offs; the short catch-up is paid every step
+                prefill_seconds += time.perf_counter() - t0
+        # 2. k - 1 one-token rounds over the rows that need more drafts
+        step = 1
+        while True:
+            rows = [i for i in active if jobs[i].k > step]
+            if not rows:
+                break
+            logits = model.forward(
+                torch.tensor([[last_token[i]] for i in rows], dtype=torch.long, device=device),
+                torch.tensor([len(jobs[i].context) + step - 1 for i in rows], dtype=torch.long, device=device),
+                torch.ones(len(rows), dtype=torch.long, device=device),
+                torch.tensor([jobs[i].cache.slot for i in rows], dtype=torch.long, device=device),
+            )
+            for r, tok in enumerate(logits.argmax(dim=-1).tolist()):
+                drafts[rows[r]].append(tok)
+                last_token[rows[r]] = tok
+            step += 1
+            rounds += 1
+        # 3. the cache now holds the context and every draft but the last
+        for i in active:
+            job = jobs[i]
+            fed = drafts[i][:-1]
+            job.cache.tokens = np.concatenate([job.context.astype(np.int64), np.asarray(fed, dtype=np.int64)])
+        # everything but prompt prefills: forwards and the bookkeeping around them
+        seconds = time.perf_counter() - t_start - prefill_seconds
+        return DraftResult(drafts, seconds, rounds)

@@ -1,0 +1,250 @@
+"""The domain proposer, framework-neutral: rows in, drafts out.
+
+A framework adapter calls :meth:`DomainProposer.propose` once per decoding step
+with the batch as the framework sees it (the vLLM adapter passes vLLM's arguments
+through unchanged):
+
+- ``sampled_token_ids[i]``: the tokens row ``i`` received this step (accepted drafts
+  plus one sampled token; ``[]`` = the row did not decode this step);
+- ``num_tokens[i]``: the row's verified length, sampled tokens included;
+- ``token_ids[i, :num_tokens[i]]``: the row's tokens.
+
+Rows carry no request id and may move between steps, so a row is matched to its
+request state by token prefix: the state's context at the last step must be a
+prefix of the row's tokens (the row that held it last step is tried first). A row
+that matches nothing is a new request: its prompt is decoded and routed to a
+domain. States that no row matched are finished (or preempted) and freed at once,
+so memory is bounded by the batch.
+
+Per row and step: how many of last step's drafts were accepted goes to the
+controller; the controller's k for the row's domain decides how many tokens to
+draft; rows are grouped by draft model and drafted in one batch per model. If a
+draft model raises (an exception, out of memory), every domain it serves is
+switched off with one logged error and its rows get no drafts: decoding goes on
+without speculation for them, and nothing else changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..config import DraftConfig
+from .controller import DomainController, DomainStats
+from .draft_engine import DraftCache, DraftEngine, DraftJob
+from .router import DomainRouter
+
+__all__ = ["DomainProposer", "RequestState"]
+
+_logger = logging.getLogger("accel_plugin.speculative")
+
+@dataclass
+class RequestState:
+    """What the proposer remembers of one request between steps."""
+
+    domain: str
+    context: np.ndarray  #: the verified tokens at the last step
+    cache: DraftCache | None = None
+    last_drafts: tuple[int, ...] = ()
+    row: int = -1  #: batch row at the last step
+
+
+class DomainProposer:
+    """Router + controller + draft engine behind one ``propose`` call.
+
+    ``detokenize`` turns a prompt's token ids into text for the router;
+    ``max_len`` is the framework's maximum sequence length (drafts never go past it).
+    """
+
+    def __init__(self, config: DraftConfig, detokenize: Callable[[Sequence[int]], str], *,
+                 max_len: int = 2048, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu", initial_slots: int = 8,
+                 clock: Callable[[], float] = time.perf_counter, logger: logging.Logger | None = None):
+        self.config = config
+        self.logger = logger or _logger
+        self.detokenize = detokenize
+        self.max_len = max_len
+        self.router = DomainRouter.from_config(config)
+        drafts = config.drafts()
+        self.controller = DomainController(
+            config.controller, drafts, {name: config.k_max(name) for name in drafts}
+        )
+        self.engine = DraftEngine(dtype=dtype, device=device, max_len=max_len + config.num_speculative_tokens + 1,
+                                  initial_slots=initial_slots)
+        self._drafts = drafts
+        self._failed: set[str] = set()
+        self._states: dict[int, RequestState] = {}  # by id(state)
+        self._by_row: dict[int, RequestState] = {}
+        self._clock = clock
+        self._last_return: float | None = None
+        self._last_log = clock()
+        self.num_steps = 0
+        self.propose_seconds = 0.0  #: total time spent in propose (all drafting overhead)
+
+    def load(self) -> None:
+        """Load every draft model now (start-up) rather than at first use."""
+        for draft in set(self._drafts.values()):
+            if draft is not None:
+                self.engine.load(draft)
+
+    # ------------------------------------------------------------------ states
+
+    def _match(self, row: int, tokens: np.ndarray, claimed: set[int]) -> RequestState | None:
+        def fits(state: RequestState) -> bool:
+            n = len(state.context)
+            return id(state) not in claimed and n <= len(tokens) and np.array_equal(tokens[:n], state.context)
+
+        state = self._by_row.get(row)
+        if state is not None and fits(state):
+            return state
+        # the row moved (or is new): any unclaimed state whose context it extends;
+        # the longest wins (identical prompts resolve to either, which is harmless)
+        best = None
+        first = tokens[0] if len(tokens) else None
+        for state in self._states.values():
+            if len(state.context) and state.context[0] == first and fits(state):
+                if best is None or len(state.context) > len(best.context):
+                    best = state
+        return best
+
+    def _new_state(self, tokens: np.ndarray, num_sampled: int) -> RequestState:
+        prompt = tokens[: max(1, len(tokens) - num_sampled)]
+        domain = self.router.route(self.detokenize(prompt.tolist()))
+        state = RequestState(domain=domain, context=tokens)
+        self._states[id(state)] = state
+        return state
+
+    def _free(self, state: RequestState) -> None:
+        self._states.pop(id(state), None)
+        if state.cache is not None:
+            self.engine.free_cache(state.cache)
+            state.cache = None
+
+    @property
+    def num_states(self) -> int:
+        return len(self._states)
+
+    # ----------------------------------------------------------------- propose
+
+    def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens: np.ndarray,
+                token_ids: np.ndarray) -> list[list[int]]:
+        """Drafts per row (``[]`` = none); see the module docstring for the arguments."""
+        start = self._clock()
+        if self._last_return is not None and self._states:
+            self.controller.record_target_time(start - self._last_return)
+        self.num_steps += 1
+        num_rows = len(sampled_token_ids)
+        out: list[list[int]] = [[] for _ in range(num_rows)]
+        claimed: set[int] = set()
+        rows: list[tuple[int, RequestState]] = []
+        for i in range(num_rows):
+            sampled = sampled_token_ids[i]
+            n = int(num_tokens[i])
+            # a copy: the framework reuses its buffer when rows move
+            tokens = np.array(token_ids[i, :n], dtype=np.int64)
+            state = self._match(i, tokens, claimed)
+            if state is None:
+                if not sampled:
+                    continue  # a prompt still being prefilled in chunks
+                state = self._new_state(tokens, len(sampled))
+            elif sampled:
+                self._learn(state, tokens, len(sampled))
+            claimed.add(id(state))
+            state.row = i
+            if sampled:
+                rows.append((i, state))
+
+        for state in [s for s in self._states.values() if id(s) not in claimed]:
+            self._free(state)
+        self._by_row = {s.row: s for s in self._states.values()}
+
+        self.controller.step()
+        jobs_by_draft: dict[str, list[tuple[int, RequestState, DraftJob]]] = {}
+        seen_domains = set()
+        for i, state in rows:
+            seen_domains.add(state.domain)
+            draft = self._drafts[state.domain]
+            state.last_drafts = ()
+            k = self.controller.k_for(state.domain) if draft is not None and draft not in self._failed else 0
+            k = min(k, self.max_len - len(state.context))
+            if k <= 0:
+                continue
+            if state.cache is None:
+                try:
+                    state.cache = self.engine.new_cache(draft)
+                except Exception as exc:  # noqa: BLE001 - any failure switches the draft off
+                    self._fail(draft, exc)
+                    continue
+            jobs_by_draft.setdefault(draft, []).append((i, state, DraftJob(state.cache, state.context, k)))
+        self.controller.end_step(seen_domains)
+
+        for draft, entries in jobs_by_draft.items():
+            if draft in self._failed:
+                continue
+            try:
+                result = self.engine.draft(draft, [job for _, _, job in entries])
+            except Exception as exc:  # noqa: BLE001 - a draft failure must not stop serving
+                self._fail(draft, exc)
+                continue
+            if result.rounds:
+                self.controller.record_draft_time(draft, result.seconds / result.rounds)
+            for (i, state, _), drafts in zip(entries, result.drafts):
+                out[i] = drafts
+                state.last_drafts = tuple(drafts)
+
+        self._maybe_log()
+        self._last_return = self._clock()
+        self.propose_seconds += self._last_return - start
+        return out
+
+    def _learn(self, state: RequestState, tokens: np.ndarray, num_sampled: int) -> None:
+        """Compare last step's drafts with what the target kept; move the context on."""
+        if state.last_drafts:
+            new = tokens[len(state.context):]
+            limit = min(len(state.last_drafts), max(0, num_sampled - 1), len(new))
+            accepted = 0
+            while accepted < limit and int(new[accepted]) == state.last_drafts[accepted]:
+                accepted += 1
+            self.controller.observe(state.domain, len(state.last_drafts), accepted)
+        state.context = tokens
+
+    def _fail(self, draft: str, exc: BaseException) -> None:
+        self._failed.add(draft)
+        domains = self.controller.fail(draft, f"{type(exc).__name__}: {exc}")
+        self.logger.error(
+            "draft model %s failed (%s: %s); speculation is off for domain(s) %s, "
+            "which continue with plain decoding",
+            draft, type(exc).__name__, exc, ", ".join(domains), exc_info=exc,
+        )
+        for state in self._states.values():
+            if state.cache is not None and state.cache.draft == draft:
+                state.cache = None
+            if self._drafts.get(state.domain) == draft:
+                state.last_drafts = ()
+        self.engine.unload(draft)
+        if isinstance(exc, torch.OutOfMemoryError) and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------------ reading
+
+    def stats(self) -> dict[str, DomainStats]:
+        """Per-domain counters (drafted, accepted, k, state, acceptance, cost ratio)."""
+        return self.controller.stats()
+
+    def _maybe_log(self) -> None:
+        interval = self.config.controller.log_interval_s
+        now = self._clock()
+        if interval and now - self._last_log >= interval:
+            self._last_log = now
+            self.logger.info("speculation: %s", self.controller.summary())
+
+    def close(self) -> None:
+        for state in list(self._states.values()):
+            self._free(state)
+        self.logger.info("speculation (final): %s", self.controller.summary())
+

@@ -1,0 +1,141 @@
+"""``DomainDraftProposer``: the domain proposer as a vLLM ``custom_class`` proposer.
+
+    export ACCEL_DRAFT_CONFIG=drafts.yaml
+    LLM(model=..., speculative_config={
+        "method": "custom_class",
+        "model": "accel_plugin.adapters.vllm.DomainDraftProposer",
+        "num_speculative_tokens": 5,
+    })
+
+vLLM builds ``DomainDraftProposer(vllm_config)`` in the worker process, calls
+``load_model(target_model)`` once, then ``propose(...)`` after every sampling step
+(vllm/v1/worker/gpu_model_runner.py, ``propose_draft_token_ids``). All the work is
+done by :class:`accel_plugin.speculative.DomainProposer`; this class translates
+vLLM's configuration and validates the draft YAML against the target at start-up,
+so that a bad file stops the engine with a message naming the key.
+
+Per-domain counters from Python: start the engine with our worker extension and
+ask every worker (works in vLLM's multiprocess mode, where the proposer lives in
+another process)::
+
+    llm = LLM(..., worker_extension_cls="accel_plugin.adapters.vllm.proposer.SpeculationStatsExtension")
+    llm.collective_rpc("accel_speculation_stats")  # [{domain: {...}}], one per worker
+
+In the worker's own process, :func:`collect_stats` returns the same dict.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+__all__ = ["DomainDraftProposer", "SpeculationStatsExtension", "collect_stats", "live_proposers"]
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+def _logger():
+    from vllm.logger import init_logger
+
+    return init_logger("vllm.accel_plugin.speculative")
+
+
+def live_proposers() -> list[DomainDraftProposer]:
+    """The proposers alive in this process (one per vLLM worker)."""
+    return list(_LIVE)
+
+
+def collect_stats() -> dict[str, dict]:
+    """Per-domain counters of this process's proposers, as plain dicts (JSON-able)."""
+    out: dict[str, dict] = {}
+    for proposer in live_proposers():
+        core = proposer.core
+        propose_ms = 1e3 * core.propose_seconds / core.num_steps if core.num_steps else None
+        for name, stats in proposer.stats().items():
+            out[name] = {**asdict(stats), "acceptance_rate": stats.acceptance_rate,
+                         "mean_acceptance_length": stats.mean_acceptance_length,
+                         "propose_ms_per_step": propose_ms}
+    return out
+
+
+class SpeculationStatsExtension:
+    """A vLLM worker extension (``worker_extension_cls``): adds one RPC method."""
+
+    def accel_speculation_stats(self) -> dict[str, dict]:
+        return collect_stats()
+
+
+class DomainDraftProposer:
+    """vLLM ``custom_class`` proposer; configuration from ``ACCEL_DRAFT_CONFIG``."""
+
+    def __init__(self, vllm_config: Any):
+        from accel_plugin import envs
+        from accel_plugin.config import ConfigIssue, DraftConfigError, check_against_target, load_draft_config
+        from accel_plugin.speculative import DomainProposer
+
+        path = envs.draft_config_path()
+        if path is None:
+            raise DraftConfigError([ConfigIssue(
+                envs.ACCEL_DRAFT_CONFIG,
+                "is not set; point it at the draft YAML file (see docs/speculative.md)",
+                "environment",
+            )])
+        model_config = vllm_config.model_config
+        spec_config = vllm_config.speculative_config
+        config = load_draft_config(path)
+        check_against_target(
+            config,
+            model_config.model,
+            framework_k=spec_config.num_speculative_tokens,
+            tokenizer_dir=model_config.tokenizer,
+        )
+        self.config = config
+        self.num_speculative_tokens = spec_config.num_speculative_tokens
+        self._tokenizer = self._load_tokenizer(model_config)
+        dtype = model_config.dtype if config.dtype == "auto" else getattr(__import__("torch"), config.dtype)
+        device = vllm_config.device_config.device
+        self.core = DomainProposer(
+            config,
+            self._detokenize,
+            max_len=model_config.max_model_len,
+            dtype=dtype,
+            device=device,
+            initial_slots=min(16, vllm_config.scheduler_config.max_num_seqs),
+            logger=_logger(),
+        )
+        _LIVE.add(self)
+        _logger().info(
+            "accel-plugin domain proposer: config %s, domains %s, k_max %d, adaptive %s",
+            path, ", ".join(f"{d}->{p or 'none'}" for d, p in config.drafts().items()),
+            config.num_speculative_tokens, config.controller.adaptive,
+        )
+
+    @staticmethod
+    def _load_tokenizer(model_config: Any):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(
+            model_config.tokenizer,
+            revision=getattr(model_config, "tokenizer_revision", None),
+            trust_remote_code=bool(getattr(model_config, "trust_remote_code", False)),
+        )
+
+    def _detokenize(self, token_ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def load_model(self, target_model: Any = None) -> None:
+        """Called by vLLM once the target is loaded: load every draft model now."""
+        self.core.load()
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
+                token_ids_cpu: np.ndarray, slot_mappings: Any = None, **_: Any) -> list[list[int]]:
+        """Drafts per batch row (at most ``num_speculative_tokens``; ``[]`` = none)."""
+        return self.core.propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+
+    def stats(self):
+        """Per-domain :class:`~accel_plugin.speculative.DomainStats`."""
+        return self.core.stats()

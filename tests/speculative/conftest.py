@@ -1,0 +1,43 @@
+"""Fixtures of the speculative tests: tiny models (built once per session) and configs."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """Factory: ``tiny_models("draft-d32", seed=7)`` -> model dir (cached per session)."""
+    from accel_plugin.testing.tiny_models import build_tiny_model
+
+    root = tmp_path_factory.mktemp("spec-models")
+
+    def build(name: str, **overrides):
+        return build_tiny_model(name, root, **overrides)
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def target_dir(tiny_models):
+    return tiny_models("gqa-d32")
+
+
+@pytest.fixture(scope="session")
+def draft_dir(tiny_models):
+    return tiny_models("draft-d32")
+
+
+@pytest.fixture
+def make_config(tmp_path):
+    """``make_config(yaml_text)`` -> validated DraftConfig written under tmp_path."""
+    from accel_plugin.config import load_draft_config
+
+    def make(text: str):
+        path = tmp_path / "drafts.yaml"
+        path.write_text(textwrap.dedent(text).lstrip("\n"))
+        return load_draft_config(path)
+
+    return make

@@ -1,0 +1,129 @@
+"""The lean draft forward equals transformers' LlamaForCausalLM (fp32 reference)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from accel_plugin.speculative.llama import DraftModelError, LlamaDraftModel
+
+#: max |logit difference| against transformers, by dtype (fp32: rounding order only)
+TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 0.15}
+
+
+@pytest.fixture(scope="module", params=["gqa-d32", "mha-d64", "draft-d32"])
+def model_dir(request, tiny_models):
+    return tiny_models(request.param)
+
+
+def hf_logits(model_dir, tokens: list[int], dtype=torch.float32) -> torch.Tensor:
+    from transformers import LlamaForCausalLM
+
+    model = _hf_cache.get((str(model_dir), dtype))
+    if model is None:
+        model = LlamaForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        _hf_cache[(str(model_dir), dtype)] = model
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0, -1].float()
+
+
+_hf_cache: dict = {}
+
+
+def run(model, rows: list[list[int]], starts: list[int], slots: list[int]) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    tokens = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = torch.tensor(r)
+    return model.forward(tokens, torch.tensor(starts), torch.tensor([len(r) for r in rows]), torch.tensor(slots))
+
+
+def test_ragged_prefill_then_decode_matches_transformers(model_dir):
+    """Odd lengths (1, 17, 97) in one padded batch, then steps of 1 and 2 tokens."""
+    gen = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, 384, (n,), generator=gen).tolist() for n in (1, 17, 97, 5)]
+    model = LlamaDraftModel(model_dir, max_len=256, initial_slots=2)  # slots grow to 4
+    slots = [model.alloc_slot() for _ in seqs]
+    logits = run(model, seqs, [0] * 4, slots)
+    for i, s in enumerate(seqs):
+        assert (logits[i] - hf_logits(model_dir, s)).abs().max() < TOLERANCE[torch.float32]
+    for step in range(3):
+        new = [torch.randint(0, 384, (1 + (i + step) % 2,), generator=gen).tolist() for i in range(4)]
+        logits = run(model, new, [len(s) for s in seqs], slots)
+        seqs = [s + n for s, n in zip(seqs, new)]
+        for i, s in enumerate(seqs):
+            assert (logits[i] - hf_logits(model_dir, s)).abs().max() < TOLERANCE[torch.float32]
+
+
+def test_rewind_overwrites_rejected_tokens(model_dir):
+    """Running from an earlier position drops what was cached after it."""
+    model = LlamaDraftModel(model_dir, max_len=64)
+    slot = model.alloc_slot()
+    run(model, [[5, 6, 7, 8, 9, 10]], [0], [slot])
+    logits = run(model, [[11, 12]], [3], [slot])  # tokens 8, 9, 10 were rejected
+    assert (logits[0] - hf_logits(model_dir, [5, 6, 7, 11, 12])).abs().max() < TOLERANCE[torch.float32]
+
+
+def test_rows_in_any_slot_order_and_capacity_growth(model_dir):
+    model = LlamaDraftModel(model_dir, max_len=512, initial_slots=3)
+    slots = [model.alloc_slot() for _ in range(3)]
+    seqs = [[7] * 150, [8, 9], [10] * 40]  # 150 > the initial capacity of 128
+    logits = run(model, seqs[::-1], [0, 0, 0], slots[::-1])
+    for i, s in enumerate(seqs[::-1]):
+        assert (logits[i] - hf_logits(model_dir, s)).abs().max() < TOLERANCE[torch.float32]
+    assert model.k_cache[0].shape[2] >= 150
+
+
+def test_bfloat16_close_to_reference(tiny_models):
+    model_dir = tiny_models("gqa-d32")
+    model = LlamaDraftModel(model_dir, dtype=torch.bfloat16, max_len=64)
+    tokens = list(range(3, 30))
+    logits = run(model, [tokens], [0], [model.alloc_slot()])
+    assert (logits[0] - hf_logits(model_dir, tokens)).abs().max() < TOLERANCE[torch.bfloat16]
+
+
+def test_slots_are_reused(tiny_models):
+    model = LlamaDraftModel(tiny_models("draft-d32"), max_len=64, initial_slots=2)
+    a, b = model.alloc_slot(), model.alloc_slot()
+    assert model.num_free_slots == 0
+    model.free_slot(a)
+    assert model.alloc_slot() == a
+    c = model.alloc_slot()  # grows
+    assert c not in (a, b) and model.k_cache[0].shape[0] == 4
+
+
+def test_unsupported_checkpoints_are_refused(tiny_models, tmp_path):
+    src = tiny_models("draft-d32")
+    bad = tmp_path / "bad"
+    shutil.copytree(src, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["rope_parameters"] = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DraftModelError, match="rope type 'dynamic'"):
+        LlamaDraftModel(bad)
+    cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
+    cfg["hidden_size"] = 96
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DraftModelError, match="embed_tokens has shape"):
+        LlamaDraftModel(bad)
+
+
+def test_rope_theta_from_config_is_used(tiny_models, tmp_path):
+    """A model saved with rope_theta 500000 still matches transformers."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    src = tiny_models("draft-d32")
+    config = LlamaConfig.from_pretrained(src)
+    config.rope_parameters = {"rope_type": "default", "rope_theta": 500000.0}
+    torch.manual_seed(3)
+    hf = LlamaForCausalLM(config).eval()
+    out = tmp_path / "theta"
+    hf.save_pretrained(out, safe_serialization=True)
+    model = LlamaDraftModel(out, max_len=64)
+    tokens = list(range(10, 40))
+    with torch.no_grad():
+        ref = hf(torch.tensor([tokens])).logits[0, -1]
+    assert (run(model, [tokens], [0], [model.alloc_slot()])[0] - ref).abs().max() < TOLERANCE[torch.float32]

@@ -1,0 +1,234 @@
+"""accel_plugin.config: the draft YAML, every start-up error, with key and line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+
+import pytest
+
+from accel_plugin.config import (
+    DEFAULT_DOMAIN,
+    DraftConfigError,
+    check_against_target,
+    load_draft_config,
+    parse_draft_config,
+)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A target, a compatible draft, and drafts that must be refused."""
+    from accel_plugin.testing.tiny_models import build_tiny_model
+
+    root = tmp_path_factory.mktemp("config-models")
+    target = build_tiny_model("gqa-d32", root)
+    draft = build_tiny_model("draft-d32", root)
+    # another vocabulary size: a tokenizer trained to 320 tokens
+    small_vocab = build_tiny_model("draft-d32", root, vocab_size=320)
+    # same size, different ids: two tokens swapped in tokenizer.json
+    swapped = root / "swapped"
+    shutil.copytree(draft, swapped)
+    tok = json.loads((swapped / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    a, b = list(vocab)[100], list(vocab)[101]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (swapped / "tokenizer.json").write_text(json.dumps(tok))
+    # weights as pytorch_model.bin only
+    pickled = root / "pickled"
+    shutil.copytree(draft, pickled)
+    for f in pickled.glob("*.safetensors"):
+        f.rename(pickled / "pytorch_model.bin")
+    # custom code
+    remote = root / "remote"
+    shutil.copytree(draft, remote)
+    cfg = json.loads((remote / "config.json").read_text())
+    cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}
+    (remote / "config.json").write_text(json.dumps(cfg))
+    # an architecture the draft engine does not run
+    gpt2 = root / "gpt2"
+    shutil.copytree(draft, gpt2)
+    cfg = json.loads((gpt2 / "config.json").read_text())
+    cfg["architectures"] = ["GPT2LMHeadModel"]
+    (gpt2 / "config.json").write_text(json.dumps(cfg))
+    return {"target": target, "draft": draft, "small_vocab": small_vocab, "swapped": swapped,
+            "pickled": pickled, "remote": remote, "gpt2": gpt2, "root": root}
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "drafts.yaml"
+    path.write_text(textwrap.dedent(text).lstrip("\n"))
+    return path
+
+
+def errors_of(path) -> list:
+    with pytest.raises(DraftConfigError) as info:
+        load_draft_config(path)
+    return info.value.issues
+
+
+def test_full_example_loads_and_resolves_relative_paths(tmp_path, models):
+    (tmp_path / "drafts").mkdir()
+    shutil.copytree(models["draft"], tmp_path / "drafts" / "support")
+    path = write(tmp_path, f"""
+        num_speculative_tokens: 5
+        domains:
+          support:
+            draft: ./drafts/support
+            match:
+              keywords: [refund, order, delivery]
+              regex: ['(?i)ticket #\\d+']
+          code:
+            draft: {models['draft']}
+            match: {{regex: ['^\\s*(def|class|import)\\b']}}
+            num_speculative_tokens: 2
+        default:
+          draft: null
+        controller:
+          adaptive: true
+          min_acceptance: 0.5
+    """)
+    config = load_draft_config(path)
+    assert config.num_speculative_tokens == 5
+    assert config.domains["support"].draft == str((tmp_path / "drafts" / "support").resolve())
+    assert config.domains["support"].match.regex == [r"(?i)ticket #\d+"]
+    assert config.default.draft is None
+    assert config.controller.min_acceptance == 0.5
+    assert config.trust_remote_code is False
+    assert config.k_max("code") == 2 and config.k_max("support") == 5 and config.k_max(DEFAULT_DOMAIN) == 5
+    assert list(config.drafts()) == ["support", "code", DEFAULT_DOMAIN]
+
+
+def test_minimal_file_has_defaults(tmp_path):
+    config = load_draft_config(write(tmp_path, "num_speculative_tokens: 3\n"))
+    assert config.domains == {} and config.default.draft is None
+    assert config.controller.adaptive is True
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "key", "line", "fragment"),
+    [
+        ("num_speculative_tokens: 3\nspeculate: yes\n", "speculate", 2, "unknown key; valid keys here: num_speculative_tokens"),
+        ("num_speculative_tokens: 3\ncontroller:\n  adaptiv: true\n", "controller.adaptiv", 3, "unknown key"),
+        ("num_speculative_tokens: '3'\n", "num_speculative_tokens", 1, "valid integer"),
+        ("num_speculative_tokens: 0\n", "num_speculative_tokens", 1, "greater than or equal to 1"),
+        ("domains: {}\n", "num_speculative_tokens", None, "required key is missing"),
+        ("num_speculative_tokens: 3\ncontroller:\n  adaptive: 1\n", "controller.adaptive", 3, "valid boolean"),
+        ("num_speculative_tokens: 3\ncontroller:\n  min_acceptance: 1.5\n", "controller.min_acceptance", 3, "less than or equal to 1"),
+        ("num_speculative_tokens: 3\ntrust_remote_code: 'no'\n", "trust_remote_code", 2, "valid boolean"),
+        ("num_speculative_tokens: 3\ndtype: fp8\n", "dtype", 2, "'auto', 'float32'"),
+        ("num_speculative_tokens: 3\ndomains:\n  a:\n    draft: x\n    match: {regex: ['(']}\n",
+         "domains.a.match.regex", 5, "invalid regular expression '('"),
+        ("num_speculative_tokens: 3\ndomains:\n  a:\n    draft: x\n    match: {}\n", "domains.a", 3, "at least one keyword or regex"),
+        ("num_speculative_tokens: 3\ndomains:\n  a:\n    match: {keywords: [x]}\n", "domains.a.draft", 3, "required key is missing"),
+        ("num_speculative_tokens: 3\ndomains:\n  a:\n    draft: 5\n    match: {keywords: [x]}\n", "domains.a.draft", 4, "valid string"),
+        ("num_speculative_tokens: 3\ndomains:\n  a:\n    draft: x\n    match: {keywords: [x], words: [y]}\n",
+         "domains.a.match.words", 5, "valid keys here: keywords, regex"),
+        ("num_speculative_tokens: 3\ndomains:\n  default:\n    draft: x\n    match: {keywords: [x]}\n", "domains", 2, "reserved"),
+        ("num_speculative_tokens: 3\ndomains: [a, b]\n", "domains", 2, "valid dictionary"),
+        ("num_speculative_tokens: 3\ndefault:\n  draft: x\n  extra: 1\n", "default.extra", 4, "unknown key"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and "\n" not in v and len(v) < 30 else None,
+)
+def test_schema_errors_name_key_file_and_line(tmp_path, yaml_text, key, line, fragment):
+    path = write(tmp_path, yaml_text)
+    issues = errors_of(path)
+    issue = next((i for i in issues if i.key == key), None)
+    assert issue is not None, [str(i) for i in issues]
+    assert fragment in issue.message
+    assert issue.file == str(path)
+    if line is not None:
+        assert issue.line == line
+        assert f"{path}:{line}: {key}: " in str(DraftConfigError(issues))
+
+
+def test_all_problems_reported_at_once(tmp_path):
+    path = write(tmp_path, "num_speculative_tokens: -1\ncontroller:\n  window: 0\n  adaptive: maybe\n")
+    assert {i.key for i in errors_of(path)} == {"num_speculative_tokens", "controller.window", "controller.adaptive"}
+
+
+def test_yaml_syntax_error_has_line(tmp_path):
+    path = write(tmp_path, "num_speculative_tokens: 3\ndomains:\n  a: [unclosed\n")
+    (issue,) = errors_of(path)
+    assert "not valid YAML" in issue.message and issue.line is not None
+
+
+def test_not_a_mapping_and_missing_file(tmp_path):
+    assert "YAML mapping" in errors_of(write(tmp_path, "- 1\n- 2\n"))[0].message
+    (issue,) = errors_of(tmp_path / "nope.yaml")
+    assert "cannot read" in issue.message and "nope.yaml" in str(issue)
+
+
+@pytest.mark.parametrize(
+    ("which", "fragment"),
+    [
+        ("missing", "does not exist"),
+        ("pickled", "no *.safetensors weights; found pytorch_model.bin"),
+        ("remote", "set trust_remote_code: true"),
+        ("gpt2", "architecture GPT2LMHeadModel"),
+        ("no_config", "has no config.json"),
+    ],
+)
+def test_model_dir_errors(tmp_path, models, which, fragment):
+    if which == "missing":
+        draft = tmp_path / "does-not-exist"
+    elif which == "no_config":
+        draft = tmp_path / "empty"
+        draft.mkdir()
+    else:
+        draft = models[which]
+    path = write(tmp_path, f"""
+        num_speculative_tokens: 3
+        domains:
+          support:
+            match: {{keywords: [refund]}}
+            draft: {draft}
+    """)
+    (issue,) = errors_of(path)
+    assert issue.key == "domains.support.draft" and issue.line == 5
+    assert fragment in issue.message
+
+
+def test_trust_remote_code_allows_auto_map_but_architecture_still_checked(tmp_path, models):
+    path = write(tmp_path, f"num_speculative_tokens: 3\ntrust_remote_code: true\ndefault:\n  draft: {models['remote']}\n")
+    assert load_draft_config(path).trust_remote_code is True
+
+
+def test_default_draft_dir_error_names_default_key(tmp_path):
+    path = write(tmp_path, "num_speculative_tokens: 3\ndefault:\n  draft: ./nowhere\n")
+    (issue,) = errors_of(path)
+    assert issue.key == "default.draft" and issue.line == 3 and str(tmp_path / "nowhere") in issue.message
+
+
+@pytest.mark.parametrize(("which", "fragment"), [("small_vocab", "vocab_size"), ("swapped", "tokenizer differs")])
+def test_vocabulary_mismatch_with_target(tmp_path, models, which, fragment):
+    path = write(tmp_path, f"""
+        num_speculative_tokens: 3
+        domains:
+          code:
+            draft: {models[which]}
+            match: {{keywords: [def]}}
+    """)
+    config = load_draft_config(path)
+    with pytest.raises(DraftConfigError) as info:
+        check_against_target(config, models["target"])
+    (issue,) = info.value.issues
+    assert issue.key == "domains.code.draft" and issue.line == 4 and issue.file == str(path)
+    assert fragment in issue.message
+
+
+def test_compatible_draft_and_k_max_against_framework(tmp_path, models):
+    path = write(tmp_path, f"num_speculative_tokens: 4\ndefault:\n  draft: {models['draft']}\n")
+    config = load_draft_config(path)
+    check_against_target(config, models["target"], framework_k=4)
+    with pytest.raises(DraftConfigError) as info:
+        check_against_target(config, models["target"], framework_k=3)
+    (issue,) = info.value.issues
+    assert issue.key == "num_speculative_tokens" and issue.line == 1
+    assert "exceeds the framework's num_speculative_tokens=3" in issue.message
+
+
+def test_parse_without_path_checks():
+    config = parse_draft_config("num_speculative_tokens: 2\ndefault: {draft: /x}\n", check_paths=False)
+    assert config.default.draft == "/x"
