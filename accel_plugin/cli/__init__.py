@@ -17,6 +17,8 @@ __all__ = ["main"]
 COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("accel_plugin.cli.doctor", "check this machine, the plugins and the env vars"),
     "demo": ("accel_plugin.cli.demo", "doctor, then real vLLM generating with accel-plugin loaded"),
+    "tune-draft": ("accel_plugin.cli.tune_draft", "distil a draft model toward a target on one domain's prompts"),
+    "bench": ("accel_plugin.cli.bench", "benchmarks: acceptance, cost ratio and speedup per domain"),
 }
 
 

@@ -1,0 +1,176 @@
+"""Distil a draft toward a target on one domain's prompts (DistillSpec-style).
+
+Data: for each training prompt the target's greedy continuation of
+``gen_tokens`` tokens, and the target's top-``top_k`` next-token probabilities at
+every continuation position (one teacher-forced target forward). Computed once,
+stored in ``checkpoints/dataset.pt``, reused on resume.
+
+Loss on continuation positions only (prompt tokens are context):
+
+- ``kl``: cross-entropy of the draft against the target's top-k probabilities,
+  renormalised (forward KL(target || draft) up to the target's entropy, a
+  constant); the draft learns the target's ranking, not just its argmax;
+- ``nll``: cross-entropy against the target's greedy tokens.
+
+Training: AdamW, a 10-step warm-up then a constant learning rate, gradient norm
+clipped at 1.0. Batches are drawn with a generator seeded by ``(seed, step)``, so a
+run resumed from a checkpoint does exactly what an uninterrupted run would.
+Checkpoints (``step-000100.pt``: draft weights, optimiser state, the step) go to
+``checkpoints/`` every ``checkpoint_every`` steps and at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import TuningError
+from .acceptance import greedy_continuation
+
+__all__ = ["DistillSettings", "build_dataset", "distill", "latest_checkpoint"]
+
+WARMUP_STEPS = 10
+
+
+@dataclass(frozen=True)
+class DistillSettings:
+    steps: int = 200
+    batch_size: int = 8
+    lr: float = 1e-3
+    loss: str = "kl"
+    top_k: int = 32
+    gen_tokens: int = 64
+    max_prompt_tokens: int = 256
+    checkpoint_every: int = 50
+    seed: int = 0
+    #: the held-out share of the prompt file (part of the data, so part of the key)
+    holdout: float = 0.1
+
+    def data_key(self, target: Path, draft: Path, prompts: list[str]) -> str:
+        """Fingerprint of everything the dataset and the run depend on (not ``steps``)."""
+        blob = json.dumps({
+            "target": str(target.resolve()), "draft": str(draft.resolve()), "prompts": prompts,
+            **{k: v for k, v in asdict(self).items() if k not in ("steps", "checkpoint_every")},
+        }, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def build_dataset(target, tokenizer, prompts: list[str], settings: DistillSettings,
+                  progress: Callable[[int], None] | None = None) -> list[dict]:
+    """Per prompt: token ids (prompt + target continuation), prompt length, top-k targets."""
+    import torch
+
+    items = []
+    for text in prompts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"][-settings.max_prompt_tokens:]
+        if not ids:
+            continue
+        cont = greedy_continuation(target, ids, settings.gen_tokens)
+        full = torch.tensor([ids + cont])
+        with torch.inference_mode():
+            logits = target(input_ids=full).logits[0, len(ids) - 1:len(ids) - 1 + len(cont)].float()
+        probs, index = logits.softmax(-1).topk(settings.top_k, dim=-1)
+        items.append({
+            "ids": ids + cont, "prompt_len": len(ids),
+            "top_index": index.to(torch.int32), "top_prob": (probs / probs.sum(-1, keepdim=True)).to(torch.float16),
+        })
+        if progress:
+            progress(1)
+    if not items:
+        raise TuningError("--prompts: every training prompt is empty after tokenisation")
+    return items
+
+
+def _batch(items: list[dict], pad_id: int):
+    """Right-padded ids, attention mask, and per continuation position: the row,
+    the position whose logits predict it, the greedy token and the top-k targets."""
+    import torch
+
+    width = max(len(it["ids"]) for it in items)
+    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    rows, cols, tokens, top_i, top_p = [], [], [], [], []
+    for r, it in enumerate(items):
+        n, p = len(it["ids"]), it["prompt_len"]
+        ids[r, :n] = torch.tensor(it["ids"])
+        mask[r, :n] = 1
+        rows += [r] * (n - p)
+        cols += list(range(p - 1, n - 1))
+        tokens += it["ids"][p:]
+        top_i.append(it["top_index"].long())
+        top_p.append(it["top_prob"].float())
+    return (ids, mask, torch.tensor(rows), torch.tensor(cols), torch.tensor(tokens),
+            torch.cat(top_i), torch.cat(top_p))
+
+
+def latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    found = sorted(ckpt_dir.glob("step-*.pt"))
+    return found[-1] if found else None
+
+
+def distill(draft, dataset: list[dict], settings: DistillSettings, ckpt_dir: Path, data_key: str,
+            pad_id: int, progress: Callable[[int, float], None] | None = None) -> dict:
+    """Train ``draft`` in place up to ``settings.steps``, resuming from ``ckpt_dir``.
+
+    Returns ``{"start_step", "steps", "first_loss", "final_loss", "losses"}``.
+    ``progress(step, loss)`` is called after every step.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    opt = torch.optim.AdamW(draft.parameters(), lr=settings.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / WARMUP_STEPS))
+    start, losses = 0, []
+    last = latest_checkpoint(ckpt_dir)
+    if last is not None:
+        state = torch.load(last, map_location="cpu", weights_only=False)
+        if state["data_key"] != data_key:
+            raise TuningError(
+                f"--out: {ckpt_dir} holds checkpoints of a different run (other models, prompts or settings); "
+                "pass --no-resume to start over, or choose another --out"
+            )
+        draft.load_state_dict(state["draft"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        start, losses = state["step"], state["losses"]
+    if start >= settings.steps:
+        return {"start_step": start, "steps": start, "losses": losses,
+                "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else None}
+
+    def save(step: int) -> None:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        path = ckpt_dir / f"step-{step:06d}.pt"
+        torch.save({"step": step, "data_key": data_key, "draft": draft.state_dict(), "optimizer": opt.state_dict(),
+                    "scheduler": sched.state_dict(), "losses": losses}, path)
+        for old in ckpt_dir.glob("step-*.pt"):
+            if old != path:
+                old.unlink()
+
+    draft.train()
+    for step in range(start, settings.steps):
+        rng = random.Random(settings.seed * 1_000_003 + step)
+        picked = [dataset[rng.randrange(len(dataset))] for _ in range(settings.batch_size)]
+        ids, mask, rows, cols, tokens, top_i, top_p = _batch(picked, pad_id)
+        logits = draft(input_ids=ids, attention_mask=mask).logits[rows, cols]
+        if settings.loss == "kl":
+            logp = F.log_softmax(logits.float(), dim=-1).gather(-1, top_i)
+            loss = -(top_p * logp).sum(-1).mean()
+        else:
+            loss = F.cross_entropy(logits.float(), tokens)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(round(loss.item(), 5))
+        if progress:
+            progress(step + 1, losses[-1])
+        if (step + 1) % settings.checkpoint_every == 0 or step + 1 == settings.steps:
+            save(step + 1)
+    draft.eval()
+    return {"start_step": start, "steps": settings.steps, "losses": losses,
+            "first_loss": losses[0], "final_loss": losses[-1]}
