@@ -131,10 +131,20 @@ class ControllerConfig(_Strict):
     probe_k: int = Field(default=1, ge=1)
     #: a fixed draft/target cost ratio c instead of the measured one
     draft_cost: float | None = Field(default=None, gt=0.0)
-    #: k is kept only when its predicted speedup is at least this (1.0 = break-even)
-    min_speedup: float = Field(default=1.0, gt=0.0)
+    #: k is kept only when its predicted speedup is at least this (1.0 = break-even;
+    #: below 1.0 would mean speculating when it is predicted to be slower)
+    min_speedup: float = Field(default=1.0, ge=1.0)
     #: seconds between two log lines with the per-domain counters (0 = never)
     log_interval_s: float = Field(default=30.0, ge=0.0)
+
+    @model_validator(mode="after")
+    def _samples_fit_window(self) -> ControllerConfig:
+        if self.min_samples > self.window:
+            raise ValueError(
+                f"min_samples ({self.min_samples}) must not exceed window ({self.window}): "
+                "the estimate would never have enough samples and the controller would stay at k_max"
+            )
+        return self
 
 
 class DraftConfig(_Strict):
@@ -153,6 +163,17 @@ class DraftConfig(_Strict):
     _file: str | None = PrivateAttr(default=None)
     _lines: dict = PrivateAttr(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _ks_within_k_max(self) -> DraftConfig:
+        k_max = self.num_speculative_tokens
+        entries = [(f"domains.{n}.num_speculative_tokens", d.num_speculative_tokens) for n, d in self.domains.items()]
+        entries.append(("default.num_speculative_tokens", self.default.num_speculative_tokens))
+        entries.append(("controller.probe_k", self.controller.probe_k))
+        for key, value in entries:
+            if value is not None and value > k_max:
+                raise ValueError(f"{key} ({value}) must not exceed num_speculative_tokens ({k_max})")
+        return self
+
     @field_validator("domains")
     @classmethod
     def _domain_names(cls, value: dict[str, DomainConfig]) -> dict[str, DomainConfig]:
@@ -161,10 +182,9 @@ class DraftConfig(_Strict):
         return value
 
     def k_max(self, domain: str) -> int:
-        """k_max of ``domain`` (a domain may lower, never raise, the global one)."""
+        """k_max of ``domain`` (a domain may lower, never raise, the global one: validated)."""
         entry = self.default if domain == DEFAULT_DOMAIN else self.domains[domain]
-        own = entry.num_speculative_tokens
-        return min(own, self.num_speculative_tokens) if own else self.num_speculative_tokens
+        return entry.num_speculative_tokens or self.num_speculative_tokens
 
     def drafts(self) -> dict[str, str | None]:
         """Domain name -> draft directory (``None``: no speculation), default last."""

@@ -8,7 +8,7 @@ A value outside these raises :class:`accel_plugin.envs.EnvVarError`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import pluggy
@@ -71,11 +71,14 @@ def select_attention_backend(
     pm: pluggy.PluginManager | None = None,
     registries: Registries | None = None,
     environ: Mapping[str, str] | None = None,
+    allowed: Collection[str] | None = None,
 ) -> Selection:
     """Decide which accel backend serves ``context``.
 
     The setting comes from ``context.requested`` when given, else from
     ``ACCEL_ATTENTION_BACKEND`` in ``environ`` (default ``os.environ``).
+    ``allowed`` limits ``auto`` to the backends the caller can install (an adapter
+    passes the ones it has framework classes for); ``None`` = every registered one.
     """
     setting = context.requested
     if setting is None:
@@ -100,6 +103,8 @@ def select_attention_backend(
 
     # auto: every backend whose capabilities accept the context, best first.
     specs = sorted(registries.backends, key=lambda s: -s.priority)
+    if allowed is not None:
+        specs = [s for s in specs if s.name in allowed]
     refusals: list[str] = []
     candidates = []
     for spec in specs:

@@ -98,6 +98,7 @@ def test_cuda_platform_env_var_selects_without_flag(cuda_platform, selector_conf
     [
         ({"head_size": 72}, "head size 72 is not supported (supported: 32, 64, 80, 96, 128, 256)"),
         ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype fp8 is not supported"),
+        ({"kv_cache_dtype": "float16"}, "kv_cache_dtype float16 is not supported"),
         ({"use_mla": True}, "MLA (multi-head latent attention) models are not supported"),
         ({"attn_type": "encoder_only"}, "attention type encoder_only not supported"),
         ({"has_sink": True}, "attention sinks not supported"),

@@ -105,6 +105,13 @@ def check_heads(num_heads: int, num_kv_heads: int, head_dim: int) -> None:
                          f"num_heads={num_heads}, num_kv_heads={num_kv_heads}")
 
 
+def check_flag(name: str, value) -> bool:
+    """Boolean switches must be bools: ``causal="no"`` would otherwise mean True."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False; got {value!r}")
+    return value
+
+
 def check_options(head_dim: int, softmax_scale, window_size, softcap) -> AttentionParams:
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)

@@ -82,3 +82,13 @@ def test_selection_hook_returning_a_non_candidate_fails():
     pm.register(ReturnsUnknown())
     with pytest.raises(ValueError, match="'NOT_A_CANDIDATE', which is not among the candidates"):
         select_attention_backend(ctx(), pm=pm, registries=get_registries(pm), environ={envs.ACCEL_ATTENTION_BACKEND: "auto"})
+
+
+def test_auto_considers_only_allowed_backends(third_party_plugin):
+    # An adapter passes the backends it can install; a third-party backend without
+    # classes for that framework must not be chosen even with a higher priority.
+    environ = {envs.ACCEL_ATTENTION_BACKEND: "auto"}
+    on_gpu = ctx(device="cuda", cuda_capability=(9, 0))
+    selection = select_attention_backend(on_gpu, environ=environ, allowed=["ACCEL_FLASH", "ACCEL_PAGED"])
+    assert selection.backend == "ACCEL_FLASH"
+    assert select_attention_backend(on_gpu, environ=environ, allowed=[]).refused

@@ -89,6 +89,17 @@ def _env_report(environ=None) -> tuple[dict[str, Any], list[str]]:
     return report, errors
 
 
+def _check_draft_config(path: str) -> dict[str, Any]:
+    """Load the draft YAML the way the proposer will (schema, paths, weights)."""
+    from ..config import DraftConfigError, load_draft_config
+
+    try:
+        config = load_draft_config(path)
+    except DraftConfigError as exc:
+        return {"path": path, "error": f"{envs.ACCEL_DRAFT_CONFIG}: {exc}"}
+    return {"path": path, "domains": list(config.drafts())}
+
+
 def collect(environ=None) -> dict[str, Any]:
     """Everything the doctor reports, as plain data (also printed by ``--json``)."""
     from ..manager import PluginLoadError, get_plugin_manager, get_registries, plugin_names
@@ -126,10 +137,19 @@ def collect(environ=None) -> dict[str, Any]:
                 "reasons": reasons,
             }
         )
-    report["proposers"] = [
-        {"name": s.name, "class_path": s.class_path, "frameworks": list(s.frameworks)}
-        for s in registries.proposers
-    ]
+    report["proposers"] = []
+    for spec in registries.proposers:
+        missing = [f for f in spec.frameworks if package_version(f) is None]
+        reasons = [f"{f} is not installed" for f in missing] if len(missing) == len(spec.frameworks) else []
+        report["proposers"].append(
+            {"name": spec.name, "class_path": spec.class_path, "frameworks": list(spec.frameworks),
+             "supported": not reasons, "reasons": reasons}
+        )
+    draft_config = env.get(envs.ACCEL_DRAFT_CONFIG, {}).get("value")
+    if draft_config is not None:
+        report["draft_config"] = _check_draft_config(draft_config)
+        if "error" in report["draft_config"]:
+            report["errors"].append(report["draft_config"]["error"])
     if not env_errors:
         context = SelectionContext(framework="doctor", device=device["device"], cuda_capability=cap)
         selection = select_attention_backend(context, pm=pm, registries=registries, environ=environ)
@@ -160,7 +180,12 @@ def render(report: dict[str, Any]) -> str:
         lines.append("  (none registered)")
     lines += ["", "Proposers"]
     for p in report["proposers"]:
-        lines.append(f"  {p['name']:<24} {p['class_path']} ({', '.join(p['frameworks'])})")
+        state = "supported" if p["supported"] else "refused: " + "; ".join(p["reasons"])
+        lines.append(f"  {p['name']:<24} {state}")
+        lines.append(f"  {'':<24} {p['class_path']} ({', '.join(p['frameworks'])})")
+    if "draft_config" in report and "domains" in report["draft_config"]:
+        lines.append(f"  {'draft config':<24} {report['draft_config']['path']}: domains "
+                     + ", ".join(report["draft_config"]["domains"]))
     if not report["proposers"]:
         lines.append("  (none registered)")
     lines += ["", "Environment"]

@@ -44,8 +44,11 @@ def _logger():
     return init_logger("vllm.accel_plugin")
 
 
-def _env_choice(logger) -> tuple[str | None, str | None]:
-    """(setting, backend) that ACCEL_ATTENTION_BACKEND selects on this device."""
+def _env_choice(logger, installable: list[str]) -> tuple[str | None, str | None]:
+    """(setting, backend) that ACCEL_ATTENTION_BACKEND selects on this device.
+
+    ``auto`` only considers ``installable``: backends this adapter has vLLM classes for.
+    """
     from accel_plugin.selection import SelectionContext, select_attention_backend
 
     from . import _compat
@@ -57,7 +60,8 @@ def _env_choice(logger) -> tuple[str | None, str | None]:
         cap = platform.get_device_capability()
         capability = (cap.major, cap.minor) if cap is not None else None
     selection = select_attention_backend(
-        SelectionContext(framework="vllm", device=device, cuda_capability=capability)
+        SelectionContext(framework="vllm", device=device, cuda_capability=capability),
+        allowed=installable,
     )
     if selection.refused:
         logger.warning("%s; vLLM keeps its own attention backend", selection.describe())
@@ -70,13 +74,15 @@ def _install(logger, names: list[str]) -> str:
     from . import _compat, _patches
     from .backend import BACKEND_CLASS_PATHS
 
+    installable = []
     for name in names:
         if name in BACKEND_CLASS_PATHS:
             _compat.register_backend_name(name, BACKEND_CLASS_PATHS[name])
+            installable.append(name)
         else:
             logger.debug("accel-plugin: backend %s has no vLLM adapter class; not registered", name)
     platform_cls = _patches.install()
-    setting, backend = _env_choice(logger)
+    setting, backend = _env_choice(logger, installable)
     _patches.set_env_choice(backend, setting)
     if backend is None:
         return "ACCEL_ATTENTION_BACKEND unset" if setting is None else f"ACCEL_ATTENTION_BACKEND={setting} refused"

@@ -160,6 +160,13 @@ class AccelAttentionImpl(AttentionImpl[AccelAttentionMetadata]):
             refusals.append(f"attention type {attn_type!s} (encoder, encoder-only or cross attention)")
         if _compat.is_quantized_kv_cache(kv_cache_dtype):
             refusals.append(f"quantized KV cache (kv_cache_dtype={kv_cache_dtype}); use --kv-cache-dtype auto")
+        elif kv_cache_dtype != "auto":
+            # The kernels keep K/V in the model's dtype; a different cache dtype would
+            # only fail later, at the first write.
+            refusals.append(
+                f"KV cache dtype {kv_cache_dtype} (the cache must use the model dtype); "
+                "use --kv-cache-dtype auto"
+            )
         if alibi_slopes is not None:
             refusals.append("ALiBi position biases")
         if sinks is not None:
@@ -240,8 +247,9 @@ class _AccelBackend(AttentionBackend):
     backend_name: ClassVar[str]
     forward_includes_kv_cache_update: bool = False
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
-    # "auto" = the model dtype. fp8 and other quantized caches are refused.
-    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "float16", "bfloat16"]
+    # "auto" = the model dtype, the only layout the kernels read. fp8 and other
+    # quantized caches, or a cache dtype other than the model's, are refused.
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto"]
 
     @classmethod
     def get_name(cls) -> str:

@@ -66,3 +66,19 @@ def test_doctor_kernel_mode_follows_triton_interpret(interpret, expected):
     proc = run_doctor("--json", env_overrides={"TRITON_INTERPRET": interpret})
     report = json.loads(proc.stdout)
     assert report["kernels"]["mode"] == expected, report["kernels"]
+
+
+def test_doctor_lists_the_domain_proposer():
+    report = json.loads(run_doctor("--json").stdout)
+    (proposer,) = [p for p in report["proposers"] if p["name"] == "ACCEL_DOMAIN_DRAFT"]
+    assert proposer["supported"] and proposer["frameworks"] == ["vllm"]
+
+
+def test_doctor_checks_the_draft_config(tmp_path):
+    missing = run_doctor(env_overrides={"ACCEL_DRAFT_CONFIG": str(tmp_path / "nope.yaml")})
+    assert missing.returncode == 1
+    assert "ACCEL_DRAFT_CONFIG" in missing.stdout and "nope.yaml" in missing.stdout
+    demo = Path(__file__).resolve().parents[2] / "demo_models" / "drafts.yaml"
+    ok = run_doctor(env_overrides={"ACCEL_DRAFT_CONFIG": str(demo)})
+    assert ok.returncode == 0, ok.stdout
+    assert "domains support, code, default" in ok.stdout

@@ -154,3 +154,13 @@ def test_lengths_accept_integer_like_values():
 
     out = flash_attn_varlen_func(**varlen_args(max_seqlen_q=np.int64(6), max_seqlen_k=torch.tensor(7)))
     assert out.shape == (10, 4, 64)
+
+
+@pytest.mark.parametrize("value", ["no", None, 1])
+def test_boolean_switches_must_be_bools(value):
+    with pytest.raises(ValueError, match=f"causal must be True or False; got {value!r}"):
+        flash_attn_varlen_func(**varlen_args(causal=value))
+    with pytest.raises(ValueError, match=f"return_lse must be True or False; got {value!r}"):
+        flash_attn_varlen_func(**varlen_args(return_lse=value))
+    with pytest.raises(ValueError, match=f"causal must be True or False; got {value!r}"):
+        paged_attention(**paged_args(causal=value))
