@@ -94,10 +94,17 @@ class DomainProposer:
 
     # ------------------------------------------------------------------ states
 
-    def _match(self, row: int, tokens: np.ndarray, claimed: set[int]) -> RequestState | None:
+    def _match(self, row: int, tokens: np.ndarray, num_sampled: int, claimed: set[int]) -> RequestState | None:
+        # A request's row grows by exactly the tokens sampled for it since the last
+        # step. Requiring that keeps a new request whose prompt extends a finished
+        # one's tokens (the next turn of a chat) from inheriting its state and domain.
         def fits(state: RequestState) -> bool:
             n = len(state.context)
-            return id(state) not in claimed and n <= len(tokens) and np.array_equal(tokens[:n], state.context)
+            return (
+                id(state) not in claimed
+                and len(tokens) - n == num_sampled
+                and np.array_equal(tokens[:n], state.context)
+            )
 
         state = self._by_row.get(row)
         if state is not None and fits(state):
@@ -147,7 +154,7 @@ class DomainProposer:
             n = int(num_tokens[i])
             # a copy: the framework reuses its buffer when rows move
             tokens = np.array(token_ids[i, :n], dtype=np.int64)
-            state = self._match(i, tokens, claimed)
+            state = self._match(i, tokens, len(sampled), claimed)
             if state is None:
                 if not sampled:
                     continue  # a prompt still being prefilled in chunks

@@ -285,3 +285,27 @@ def test_counters_are_logged_periodically(proposer_for, target, target_dir, toke
         serve(proposer, target, [Request(p, 12) for p in prompts(tokenizer, TEXTS[:1])])
     lines = [r.getMessage() for r in caplog.records if "speculation:" in r.getMessage()]
     assert lines and "default: state=" in lines[-1] and "drafted=" in lines[-1]
+
+
+def test_next_chat_turn_is_routed_on_its_own_prompt(proposer_for, target, target_dir, tokenizer):
+    # Request B's prompt extends finished request A's tokens (the next turn of a chat).
+    # B must get a state of its own, routed on its own prompt, not inherit A's.
+    proposer = proposer_for(f"""
+        num_speculative_tokens: 3
+        domains:
+          support:
+            draft: {target_dir}
+            match: {{regex: ['refund$']}}
+        default:
+          draft: null
+        controller: {{adaptive: false}}
+    """)
+    (a_prompt,) = prompts(tokenizer, ["Customer: my refund"])
+    a = Request(a_prompt, 8)
+    serve(proposer, target, [a])
+    drafted_for_a = proposer.stats()["support"].drafted
+    assert drafted_for_a > 0
+    b = Request(a.tokens + prompts(tokenizer, [" The model is"])[0], 8)
+    serve(proposer, target, [b])
+    assert b.output == plain_greedy(target, b.prompt, 8)
+    assert proposer.stats()["support"].drafted == drafted_for_a  # nothing drafted for B
