@@ -143,7 +143,7 @@ class DomainStats:
     alpha: float | None = None  #: windowed per-position acceptance
     acceptance_per_pos: list[float | None] = field(default_factory=list)
     cost_ratio: float | None = None  #: c: one draft forward / one target step
-    draft_forward_ms: float | None = None  #: mean time of one batched draft forward
+    draft_forward_ms: float | None = None  #: median time of one batched draft forward (last 64 rounds)
     target_step_ms: float | None = None  #: median time of one target step (between propose calls)
     expected_speedup: float | None = None
     error: str | None = None
@@ -201,8 +201,10 @@ class DomainController:
         self._target_times.append(seconds)
 
     def draft_forward_s(self, domain: str) -> float | None:
+        # the median, like the target step: a one-off slow first forward (allocation,
+        # first-call warm-up) must not make a good draft look expensive for 64 rounds
         times = self._draft_times.get(self._domains[domain].draft or "")
-        return sum(times) / len(times) if times else None
+        return sorted(times)[len(times) // 2] if times else None
 
     def target_step_s(self) -> float | None:
         if not self._target_times:

@@ -1,0 +1,140 @@
+"""`accel demo`: argument validation, workload, table and verdicts from fake numbers,
+and one small real run (vLLM CPU build, a few tokens)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from accel_plugin.cli import build_parser, demo
+from accel_plugin.cli.doctor import package_version
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["demo", *argv])
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--max-tokens", "0"), ("--max-tokens", "-3"), ("--max-tokens", "lots"), ("--max-tokens", "100000"),
+    ("--repeats", "0"), ("--batch1-prompts", "9"),
+])
+def test_bad_numbers_name_the_valid_range(capsys, flag, value):
+    with pytest.raises(SystemExit) as exc:
+        parse(flag, value)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert flag in err and "must be an integer from" in err
+
+
+@pytest.mark.parametrize("flag, value, valid", [("--backend", "fast", "flash"), ("--dtype", "fp8", "float32")])
+def test_bad_choices_list_the_valid_values(capsys, flag, value, valid):
+    with pytest.raises(SystemExit):
+        parse(flag, value)
+    err = capsys.readouterr().err
+    assert flag in err and valid in err
+
+
+def test_defaults():
+    args = parse()
+    assert (args.max_tokens, args.backend, args.dtype, args.json) == (64, "flash", "float32", None)
+    assert (args.models / "drafts.yaml").exists()
+
+
+def test_missing_models_dir_is_a_clear_error(tmp_path):
+    args = parse("--models", str(tmp_path), "--skip-doctor")
+    with pytest.raises(SystemExit) as exc:
+        demo.run(args)
+    assert "missing" in str(exc.value) and "--models" in str(exc.value)
+
+
+def test_prompts_cover_every_domain_and_route_as_configured():
+    models = demo.default_models_dir()
+    prompts = demo.load_prompts(models / "prompts" / "bench.jsonl")
+    assert set(prompts) == {"support", "code", "prose"}
+    routes = demo.route_labels(models / "drafts.yaml", prompts)
+    assert routes["support"] == {"routed": ["support"], "draft": "draft-support"}
+    assert routes["prose"]["routed"] == ["default"]
+    assert demo.route_labels(models / "drafts-untuned.yaml", prompts)["support"]["draft"] == "draft-general"
+    warmup, timed = demo.workload(prompts, 2)
+    assert [len(b) for b in warmup] == [8, 8, 8]
+    assert [t["name"] for t in timed][:3] == ["support|1|0", "support|1|1", "support|8|0"]
+    # warm-up and timed prompts are disjoint
+    assert not set(warmup[0]) & {p for t in timed for p in t["prompts"]}
+
+
+def _stats(steps, drafted, accepted, state="on", k=5):
+    return {"steps": steps, "drafted": drafted, "accepted": accepted, "state": state, "k": k, "k_max": 5,
+            "alpha": accepted / drafted if drafted else None, "cost_ratio": 0.05, "propose_ms_per_step": 3.0}
+
+
+def _result(tokens_per_s: dict, stats_per_run: list | None):
+    """A fake run_configuration result: one timed run per (label, batch)."""
+    runs, previous = [], None
+    for i, ((label, batch), tps) in enumerate(tokens_per_s.items()):
+        generated = 64 * batch
+        stats = stats_per_run[i] if stats_per_run else None
+        runs.append({"name": f"{label}|{batch}|0", "seconds": generated / tps, "generated": generated,
+                     "token_ids": [[1, 2, 3]] * batch, "stats": stats, "propose_steps": 10 if stats else 0,
+                     "propose_seconds": 0.03 if stats else 0.0})
+    return {"startup_s": 3.0, "warmup_s": 5.0, "runs": runs,
+            "after_warmup": {"support": _stats(0, 0, 0)} if stats_per_run else None,
+            "final": stats_per_run[-1] if stats_per_run else None, "spec": {}}
+
+
+def test_table_and_verdicts_from_fake_numbers():
+    keys = [("support", 1), ("support", 8), ("code", 1)]
+    plain = _result(dict(zip(keys, (100.0, 400.0, 100.0))), None)
+    tuned = _result(dict(zip(keys, (250.0, 480.0, 110.0))), [
+        {"support": _stats(10, 50, 45), "code": _stats(0, 0, 0)},
+        {"support": _stats(20, 100, 90), "code": _stats(0, 0, 0)},
+        {"support": _stats(20, 100, 90), "code": _stats(10, 50, 20, k=3)},
+    ])
+    untuned = _result(dict(zip(keys, (97.0, 360.0, 110.0))), [
+        {"support": _stats(10, 10, 1, "off", 0), "code": _stats(0, 0, 0)},
+        {"support": _stats(12, 12, 1, "off", 0), "code": _stats(0, 0, 0)},
+        {"support": _stats(12, 12, 1, "off", 0), "code": _stats(10, 50, 20, k=3)},
+    ])
+    routes = {name: {"support": {"routed": ["support"], "draft": d}, "code": {"routed": ["code"], "draft": "g"}}
+              for name, d in (("tuned", "draft-support"), ("untuned", "draft-general"))}
+    report = demo.build_report({"plain": plain, "tuned": tuned, "untuned": untuned}, routes,
+                               parse("--max-tokens", "64"))
+    rows = {(r["domain"], r["batch"]): r for r in report["configs"]["tuned"]["rows"]}
+    assert rows[("support", 1)]["ratio"] == pytest.approx(2.5)
+    assert (rows[("support", 8)]["accepted"], rows[("support", 8)]["drafted"]) == (45, 50)  # the run's delta
+    assert rows[("code", 1)]["proposer"]["code"]["k"] == 3
+    goals = report["goals"]
+    assert [g["met"] for g in goals] == [True, False, False, True]
+    assert goals[1]["measured"] == pytest.approx(1.2)
+    assert goals[2]["measured"] == pytest.approx(0.9)  # the worse batch of the poor-draft domain
+    text = demo.render(report)
+    assert "2.50x" in text and "[MET   ]" in text and "[MISSED]" in text
+    assert "speculation switched off (in timed runs) for: support" in text
+    json.dumps(report)  # --json writes exactly this
+
+
+def test_verdicts_without_untuned_are_not_measured():
+    goals = demo.verdicts({"tuned": {"rows": []}})
+    assert all(g["met"] is None for g in goals)
+    assert "--no-untuned" in goals[2]["detail"]
+
+
+@pytest.mark.skipif(package_version("vllm") is None, reason="vLLM is not installed")
+def test_small_real_run(tmp_path, capsys, monkeypatch):
+    """Real vLLM, plain and tuned only, 4 tokens, 1 batch-1 prompt (about 40 s on 2 cores)."""
+    from accel_plugin.cli import main
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # conftest's 1 thread: the demo uses the machine
+
+    out = tmp_path / "demo.json"
+    rc = main(["demo", "--skip-doctor", "--no-untuned", "--max-tokens", "4", "--batch1-prompts", "1",
+               "--repeats", "1", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "tuned drafts" in text and "Goals" in text and "pure-torch reference" in text
+    report = json.loads(out.read_text())
+    rows = report["configs"]["tuned"]["rows"]
+    assert {(r["domain"], r["batch"]) for r in rows} == {(d, b) for d in ("support", "code", "prose") for b in (1, 8)}
+    assert all(r["plain_tokens_per_s"] > 0 and r["spec_tokens_per_s"] > 0 for r in rows)
+    assert sum(r["identical_outputs"] for r in rows) >= 1
