@@ -52,5 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     return int(args._run(args) or 0)
 
 
+def run_command(name: str, argv: list[str] | None = None) -> int:
+    """Run ``accel NAME ARGV...`` in-process; usage errors return 2 instead of exiting."""
+    try:
+        return main([name, *(argv or [])])
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

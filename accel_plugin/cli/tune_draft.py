@@ -219,13 +219,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run as if ``accel tune-draft`` had been typed with ``argv``."""
-    parser = argparse.ArgumentParser(prog="accel tune-draft", description=__doc__)
-    add_arguments(parser)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return run(args)
+    from . import run_command
+
+    return run_command("tune-draft", argv)
 
 
 if __name__ == "__main__":  # pragma: no cover
