@@ -126,11 +126,14 @@ class ControllerConfig(_Strict):
     window: int = Field(default=256, ge=1)
     #: observations needed before the controller leaves k_max for its own choice
     min_samples: int = Field(default=16, ge=1)
-    #: a switched-off domain drafts ``probe_k`` tokens once every ``probe_interval`` steps
+    #: a switched-off domain drafts ``probe_k`` tokens for one request once every ``probe_interval`` steps
     probe_interval: int = Field(default=32, ge=1)
     probe_k: int = Field(default=1, ge=1)
     #: a fixed draft/target cost ratio c instead of the measured one
     draft_cost: float | None = Field(default=None, gt=0.0)
+    #: a fixed verification overhead v (extra time of a target step that verifies
+    #: drafts, as a fraction of a plain step) instead of the measured one
+    verify_overhead: float | None = Field(default=None, ge=0.0)
     #: k is kept only when its predicted speedup is at least this (1.0 = break-even;
     #: below 1.0 would mean speculating when it is predicted to be slower)
     min_speedup: float = Field(default=1.0, ge=1.0)

@@ -6,25 +6,39 @@ tokens gives an expected speedup over plain decoding of
 
     S(a, k, c) = (1 - a^(k+1)) / ((1 - a) (k c + 1))
 
+extended by one measured term, ``v = v(k)``: how much longer a target step that
+verifies k drafts per request takes than a plain one (the framework's verification
+path, the extra query tokens), as a fraction of a plain step::
+
+    S(a, k, c, v) = (1 - a^(k+1)) / ((1 - a) (k c + 1 + v))     for k >= 1
+
+Without ``v`` a poor draft sits exactly at break-even when ``a`` is about ``c``
+(k = 1), and switching it on there loses the verification cost every step.
+
 The controller keeps, per domain, a window of recent observations (one per request
 and step: drafted ``k``, accepted ``n``), from which it estimates ``a`` as
 accepted / tested positions (a position is tested when every earlier draft was
 accepted: ``n + (n < k)`` positions per observation, the maximum-likelihood
 estimate under the model, unlike accepted / drafted which is biased low). ``c`` is
-the measured cost of one draft forward divided by the measured target step time
-(or ``controller.draft_cost`` from the YAML).
+the measured cost of one draft forward divided by the measured time of a plain
+target step (or ``controller.draft_cost`` from the YAML); ``v`` compares the
+median target step that verified k drafts per request with the median plain one
+at the same batch size (or ``controller.verify_overhead``; 0 until both kinds
+have been seen).
 
 A domain's k is the ``k`` in ``0..k_max`` with the largest ``S``; ``k = 0`` (off)
 when no ``k >= 1`` reaches ``min_speedup`` (break-even by default) or the windowed
 acceptance is below ``min_acceptance``. An off domain drafts ``probe_k`` tokens
-once every ``probe_interval`` of its steps so that a change in acceptance is seen.
+for one of its requests once every ``probe_interval`` of its steps, so that a change
+in acceptance is seen at the cost of one short draft per interval.
 A domain whose draft model failed is off for good (state ``failed``).
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..config import ControllerConfig
@@ -51,24 +65,37 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def expected_speedup(alpha: float, k: int, c: float) -> float:
-    """``S = (1 - a^(k+1)) / ((1 - a)(k c + 1))``; 1.0 at k = 0."""
+def expected_speedup(alpha: float, k: int, c: float, overhead: float = 0.0) -> float:
+    """``S = (1 - a^(k+1)) / ((1 - a)(k c + 1 + v))`` with ``v = overhead``; 1.0 at k = 0."""
     if c < 0:
         raise ValueError(f"c must be >= 0; got {c}")
-    return expected_tokens(alpha, k) / (k * c + 1.0)
+    if overhead < 0:
+        raise ValueError(f"overhead must be >= 0; got {overhead}")
+    if k == 0:
+        return 1.0
+    return expected_tokens(alpha, k) / (k * c + 1.0 + overhead)
 
 
-def best_k(alpha: float, c: float, k_max: int, min_speedup: float = 1.0) -> tuple[int, float]:
+def best_k(alpha: float, c: float, k_max: int, min_speedup: float = 1.0,
+           overhead: float | Callable[[int], float] = 0.0) -> tuple[int, float]:
     """``(k, S)`` with the largest ``S`` over ``k`` in ``1..k_max``, or ``(0, 1.0)``
-    when none reaches ``min_speedup`` (ties go to the smaller k)."""
+    when none reaches ``min_speedup`` (ties go to the smaller k). ``overhead`` is v,
+    or a function giving v for each k."""
     best, best_s = 0, 1.0
     for k in range(1, k_max + 1):
-        s = expected_speedup(alpha, k, c)
+        s = expected_speedup(alpha, k, c, overhead(k) if callable(overhead) else overhead)
         if s > best_s + 1e-12:
             best, best_s = k, s
     if best and best_s < min_speedup:
         return 0, 1.0
     return best, best_s
+
+
+#: step times kept per (batch size, drafts verified), such pairs kept, and the
+#: samples a pair needs before it counts towards v
+_BUCKET_SAMPLES, _MAX_BUCKETS, _MIN_BUCKET_SAMPLES = 32, 64, 3
+#: target steps between two recomputations of v from the step times
+_V_REFRESH_STEPS = 16
 
 
 class AcceptanceWindow:
@@ -142,9 +169,11 @@ class DomainStats:
     accepted: int = 0  #: draft tokens the target accepted
     alpha: float | None = None  #: windowed per-position acceptance
     acceptance_per_pos: list[float | None] = field(default_factory=list)
-    cost_ratio: float | None = None  #: c: one draft forward / one target step
+    cost_ratio: float | None = None  #: c: one draft forward / one plain target step
+    verify_overhead: float | None = None  #: v at the current k (k = 1 when off): extra time of a verifying step / a plain one
     draft_forward_ms: float | None = None  #: median time of one batched draft forward (last 64 rounds)
-    target_step_ms: float | None = None  #: median time of one target step (between propose calls)
+    target_step_ms: float | None = None  #: median time of one plain target step (between propose calls)
+    verify_step_ms: float | None = None  #: median time of a target step that verified drafts
     expected_speedup: float | None = None
     error: str | None = None
 
@@ -173,6 +202,7 @@ class _Domain:
         self.k = 0 if draft is None else k_max
         self.steps = self.drafted = self.accepted = 0
         self.idle_steps = 0  #: steps spent off since the last probe
+        self.probed = False  #: a request of this domain probes in the current step
         self.speedup: float | None = None
         self.error: str | None = None
 
@@ -180,25 +210,48 @@ class _Domain:
 class DomainController:
     """Chooses k per domain; learns from observed acceptance and measured costs.
 
-    ``c`` is ``draft_time / target_time`` where ``draft_time`` is the mean time of
+    ``c`` is ``draft_time / target_time`` where ``draft_time`` is the median time of
     one batched draft forward of the domain's draft model and ``target_time`` the
-    median time of one target step, both fed by the proposer through
-    :meth:`record_draft_time` and :meth:`record_target_time`.
+    median time of one plain target step; ``v(k)`` is ``verify_time / target_time - 1``
+    with ``verify_time`` the median time of a target step that verified ``k`` drafts
+    per request, both taken at the same batch size (the median over the batch sizes
+    seen with both kinds of step; for a k never verified, the nearest k that was).
+    The proposer feeds them through :meth:`record_draft_time` and
+    :meth:`record_target_time`.
     """
 
     def __init__(self, cfg: ControllerConfig, drafts: dict[str, str | None], k_max: dict[str, int]):
         self.cfg = cfg
         self._domains = {name: _Domain(name, draft, k_max[name], cfg) for name, draft in drafts.items()}
         self._draft_times: dict[str, deque[float]] = {}
-        self._target_times: deque[float] = deque(maxlen=64)
+        self._target_times: deque[float] = deque(maxlen=64)  # plain steps
+        self._verify_times: deque[float] = deque(maxlen=64)  # steps that verified drafts
+        # per (rows, k): a step's time grows with its batch and, on some hardware,
+        # with the drafts it verifies; plain (k = 0) and verifying steps are only
+        # compared at equal batch sizes, and v is kept per k
+        self._steps: OrderedDict[tuple[int, int], deque[float]] = OrderedDict()
+        # v(k) from those, recomputed every _V_REFRESH_STEPS steps (not on every call)
+        self._v_by_k: dict[int, float] | None = None
+        self._steps_since_v = 0
 
     # ---------------------------------------------------------------- measurement
 
     def record_draft_time(self, draft: str, seconds_per_forward: float) -> None:
         self._draft_times.setdefault(draft, deque(maxlen=64)).append(seconds_per_forward)
 
-    def record_target_time(self, seconds: float) -> None:
-        self._target_times.append(seconds)
+    def record_target_time(self, seconds: float, k: int = 0, rows: int = 1) -> None:
+        """One target step of ``rows`` requests took ``seconds``; it verified up to
+        ``k`` drafts per request (0: a plain step)."""
+        (self._verify_times if k else self._target_times).append(seconds)
+        key = (rows, k)
+        bucket = self._steps.get(key)
+        if bucket is None:
+            bucket = self._steps[key] = deque(maxlen=_BUCKET_SAMPLES)
+            if len(self._steps) > _MAX_BUCKETS:
+                self._steps.popitem(last=False)
+        self._steps.move_to_end(key)
+        bucket.append(seconds)
+        self._steps_since_v += 1
 
     def draft_forward_s(self, domain: str) -> float | None:
         # the median, like the target step: a one-off slow first forward (allocation,
@@ -206,10 +259,39 @@ class DomainController:
         times = self._draft_times.get(self._domains[domain].draft or "")
         return sorted(times)[len(times) // 2] if times else None
 
+    @staticmethod
+    def _median(times: deque[float]) -> float | None:
+        return sorted(times)[len(times) // 2] if times else None
+
     def target_step_s(self) -> float | None:
-        if not self._target_times:
-            return None
-        return sorted(self._target_times)[len(self._target_times) // 2]
+        """Median plain target step (a verifying one until a plain one is seen)."""
+        return self._median(self._target_times) or self._median(self._verify_times)
+
+    def verify_step_s(self) -> float | None:
+        return self._median(self._verify_times)
+
+    def verify_overhead(self, k: int = 1) -> float:
+        """v for verifying ``k`` drafts per request: configured, or measured (the
+        nearest measured k; 0 until a plain and a verifying step of one batch size
+        have been timed)."""
+        if self.cfg.verify_overhead is not None:
+            return self.cfg.verify_overhead
+        # until something is measured, every new step may complete a pair: look again
+        stale = self._steps_since_v >= (_V_REFRESH_STEPS if self._v_by_k else 1)
+        if self._v_by_k is None or stale:
+            self._v_by_k, self._steps_since_v = self._measure_verify_overhead(), 0
+        if not self._v_by_k:
+            return 0.0
+        return self._v_by_k[min(self._v_by_k, key=lambda j: (abs(j - k), j))]
+
+    def _measure_verify_overhead(self) -> dict[int, float]:
+        """{k: v(k)} for every k measured at a batch size that also has plain steps."""
+        ratios: dict[int, list[float]] = {}
+        for (rows, j), times in self._steps.items():
+            plain = self._steps.get((rows, 0))
+            if j and len(times) >= _MIN_BUCKET_SAMPLES and plain and len(plain) >= _MIN_BUCKET_SAMPLES:
+                ratios.setdefault(j, []).append(self._median(times) / self._median(plain))
+        return {j: max(0.0, sorted(r)[len(r) // 2] - 1.0) for j, r in ratios.items()}
 
     def cost_ratio(self, domain: str) -> float | None:
         """c for ``domain``: configured, or measured (``None`` until both are measured)."""
@@ -246,10 +328,10 @@ class DomainController:
         if alpha is None or len(d.window) < self.cfg.min_samples or c is None:
             d.state, d.k = DomainState.WARMUP, d.k_max
             return
-        k, s = best_k(alpha, c, d.k_max, self.cfg.min_speedup)
+        k, s = best_k(alpha, c, d.k_max, self.cfg.min_speedup, self.verify_overhead)
         if alpha < self.cfg.min_acceptance:
             k, s = 0, 1.0
-        d.speedup = s if k else expected_speedup(alpha, 1, c)
+        d.speedup = s if k else expected_speedup(alpha, 1, c, self.verify_overhead(1))
         if k:
             d.state, d.k, d.idle_steps = DomainState.ON, k, 0
         else:
@@ -258,15 +340,22 @@ class DomainController:
     def k_for(self, domain: str) -> int:
         """Tokens to draft this step for a request of ``domain`` (probes included).
 
-        Call :meth:`end_step` once per framework step after the last ``k_for``.
+        An off domain's probe goes to the first of its requests asked for in a step;
+        the others draft nothing. Call :meth:`end_step` once per framework step after
+        the last ``k_for``.
         """
         d = self._domains[domain]
         if d.state == DomainState.OFF:
-            return min(self.cfg.probe_k, d.k_max) if d.idle_steps + 1 >= self.cfg.probe_interval else 0
+            if d.probed or d.idle_steps + 1 < self.cfg.probe_interval:
+                return 0
+            d.probed = True
+            return min(self.cfg.probe_k, d.k_max)
         return d.k
 
     def end_step(self, domains_seen: set[str]) -> None:
         """Count a step of every off domain that had requests (towards its next probe)."""
+        for d in self._domains.values():
+            d.probed = False
         for name in domains_seen:
             d = self._domains[name]
             if d.state == DomainState.OFF:
@@ -286,16 +375,18 @@ class DomainController:
     def stats(self) -> dict[str, DomainStats]:
         out = {}
         for d in self._domains.values():
+            v = self.verify_overhead(max(d.k, 1))
             c = self.cost_ratio(d.name)
             alpha = d.window.alpha
             speedup = None
             if alpha is not None and c is not None:
-                speedup = expected_speedup(alpha, d.k, c)
+                speedup = expected_speedup(alpha, d.k, c, v)
             out[d.name] = DomainStats(
                 domain=d.name, draft=d.draft, state=d.state, k=d.k, k_max=d.k_max,
                 steps=d.steps, drafted=d.drafted, accepted=d.accepted, alpha=alpha,
-                acceptance_per_pos=d.window.per_position(), cost_ratio=c,
+                acceptance_per_pos=d.window.per_position(), cost_ratio=c, verify_overhead=v,
                 draft_forward_ms=_ms(self.draft_forward_s(d.name)), target_step_ms=_ms(self.target_step_s()),
+                verify_step_ms=_ms(self.verify_step_s()),
                 expected_speedup=speedup, error=d.error,
             )
         return out
@@ -306,9 +397,10 @@ class DomainController:
         for s in self.stats().values():
             alpha = "n/a" if s.alpha is None else f"{s.alpha:.2f}"
             c = "n/a" if s.cost_ratio is None else f"{s.cost_ratio:.3f}"
+            v = "n/a" if s.verify_overhead is None else f"{s.verify_overhead:.3f}"
             sp = "n/a" if s.expected_speedup is None or math.isnan(s.expected_speedup) else f"{s.expected_speedup:.2f}x"
             parts.append(
                 f"{s.domain}: state={s.state} k={s.k}/{s.k_max} drafted={s.drafted} "
-                f"accepted={s.accepted} alpha={alpha} c={c} S={sp}"
+                f"accepted={s.accepted} alpha={alpha} c={c} v={v} S={sp}"
             )
         return "; ".join(parts)

@@ -82,6 +82,8 @@ class DomainProposer:
         self._by_row: dict[int, RequestState] = {}
         self._clock = clock
         self._last_return: float | None = None
+        self._last_k = 0  #: most drafts proposed for one request last step (this step verified them)
+        self._last_rows = 0  #: requests that decoded in the last step
         self._last_log = clock()
         self.num_steps = 0
         self.propose_seconds = 0.0  #: total time spent in propose (all drafting overhead)
@@ -143,7 +145,7 @@ class DomainProposer:
         """Drafts per row (``[]`` = none); see the module docstring for the arguments."""
         start = self._clock()
         if self._last_return is not None and self._states:
-            self.controller.record_target_time(start - self._last_return)
+            self.controller.record_target_time(start - self._last_return, k=self._last_k, rows=self._last_rows)
         self.num_steps += 1
         num_rows = len(sampled_token_ids)
         out: list[list[int]] = [[] for _ in range(num_rows)]
@@ -205,6 +207,8 @@ class DomainProposer:
                 state.last_drafts = tuple(drafts)
 
         self._maybe_log()
+        self._last_k = max(map(len, out), default=0)
+        self._last_rows = len(rows)
         self._last_return = self._clock()
         self.propose_seconds += self._last_return - start
         return out

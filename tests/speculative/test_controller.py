@@ -233,3 +233,95 @@ def test_stats_rates():
     s = ctl.stats()["a"]
     assert s.acceptance_rate == 0.5 and s.mean_acceptance_length == 3.0
     assert not math.isnan(s.alpha)
+
+
+@given(st.floats(0, 1), st.integers(1, 12), st.floats(0, 2), st.floats(0, 2))
+def test_verify_overhead_adds_to_the_denominator(alpha, k, c, v):
+    assert expected_speedup(alpha, k, c, v) == pytest.approx(
+        sum(alpha**i for i in range(k + 1)) / (k * c + 1 + v), rel=1e-9, abs=1e-12)
+    assert expected_speedup(alpha, 0, c, v) == 1.0  # k = 0 verifies nothing
+    with pytest.raises(ValueError, match="overhead"):
+        expected_speedup(alpha, k, c, -0.1)
+
+
+def test_break_even_moves_up_by_the_verify_overhead():
+    # k = 1: S = (1 + a) / (1 + c + v) -> break-even at a = c + v
+    assert best_k(0.1, 0.05, 5)[0] == 1
+    assert best_k(0.1, 0.05, 5, overhead=0.1) == (0, 1.0)
+    assert best_k(0.2, 0.05, 5, overhead=0.1)[0] >= 1
+
+
+def test_verify_overhead_is_measured_at_equal_batch_sizes():
+    ctl = controller()
+    assert ctl.verify_overhead() == 0.0  # nothing measured yet
+    for _ in range(5):
+        ctl.record_target_time(0.010, k=0, rows=1)
+        ctl.record_target_time(0.030, k=0, rows=8)
+        ctl.record_target_time(0.013, k=1, rows=1)
+    assert ctl.verify_overhead() == pytest.approx(0.3)
+    # verifying steps only at a batch size with no plain steps: nothing to compare with
+    ctl = controller()
+    for _ in range(5):
+        ctl.record_target_time(0.010, k=0, rows=1)
+        ctl.record_target_time(0.030, k=1, rows=8)
+    assert ctl.verify_overhead() == 0.0
+    # c uses plain steps: a verifying step is not the unit of the formula
+    ctl.record_draft_time("/draft", 0.001)
+    assert ctl.cost_ratio("a") == pytest.approx(0.1)
+
+
+def test_measured_verify_overhead_keeps_a_marginal_draft_off():
+    ctl = controller()
+    ctl.record_draft_time("/draft", 0.0005)  # c = 0.05
+    for _ in range(5):
+        ctl.record_target_time(0.010, k=0, rows=1)
+    feed(ctl, "a", 1, 0, times=9)
+    feed(ctl, "a", 1, 1, times=1)  # alpha 0.1 > c: worth it if verifying were free
+    ctl.step()
+    assert ctl.stats()["a"].state == DomainState.ON and ctl.k_for("a") == 1
+    for _ in range(5):
+        ctl.record_target_time(0.012, k=1, rows=1)  # v = 0.2
+    ctl.step()
+    s = ctl.stats()["a"]
+    assert s.state == DomainState.OFF and s.verify_overhead == pytest.approx(0.2)
+    assert s.verify_step_ms == pytest.approx(12.0) and s.target_step_ms == pytest.approx(10.0)
+
+
+def test_configured_verify_overhead_replaces_measurement():
+    ctl = controller(verify_overhead=0.5)
+    for _ in range(5):
+        ctl.record_target_time(0.010, k=0, rows=1)
+        ctl.record_target_time(0.010, k=1, rows=1)
+    assert ctl.verify_overhead() == 0.5
+
+
+def test_an_off_domain_probes_with_one_request_per_step():
+    ctl = controller()
+    ctl.record_draft_time("/draft", 0.002)
+    ctl.record_target_time(0.010)
+    feed(ctl, "a", 4, 0)
+    ctl.step()
+    per_step = []
+    for _ in range(5):  # probe_interval = 5
+        per_step.append([ctl.k_for("a") for _ in range(3)])  # three requests of "a" in the batch
+        ctl.end_step({"a"})
+        ctl.step()
+    assert per_step == [[0, 0, 0]] * 4 + [[1, 0, 0]]
+
+
+def test_verify_overhead_is_kept_per_k():
+    """Verifying more drafts costs more on some hardware: v(k) comes from steps that
+    verified k drafts, or the nearest k that was measured."""
+    ctl = controller()
+    for _ in range(5):
+        ctl.record_target_time(0.010, k=0, rows=1)
+        ctl.record_target_time(0.011, k=1, rows=1)
+        ctl.record_target_time(0.015, k=4, rows=1)
+    assert ctl.verify_overhead(1) == pytest.approx(0.1)
+    assert ctl.verify_overhead(4) == pytest.approx(0.5)
+    assert ctl.verify_overhead(2) == pytest.approx(0.1)  # nearest measured k (ties: the smaller)
+    assert ctl.verify_overhead(3) == pytest.approx(0.5)
+    # best_k takes v per k: cheap verification up to k = 2 makes 2 the best here,
+    # where one v for every k (the k = 4 figure) would have chosen k = 4
+    assert best_k(0.5, 0.01, 4, overhead=ctl.verify_overhead)[0] == 2
+    assert best_k(0.5, 0.01, 4, overhead=0.5)[0] == 4

@@ -309,3 +309,23 @@ def test_next_chat_turn_is_routed_on_its_own_prompt(proposer_for, target, target
     serve(proposer, target, [b])
     assert b.output == plain_greedy(target, b.prompt, 8)
     assert proposer.stats()["support"].drafted == drafted_for_a  # nothing drafted for B
+
+
+def test_target_steps_are_timed_by_kind_and_batch_size(proposer_for, target, target_dir, tokenizer, monkeypatch):
+    """Each target step is reported with whether it verified drafts and how many
+    requests it decoded: what the controller's verify overhead v is built from."""
+    seen = {}
+    for name, draft in (("drafting", target_dir), ("plain", "null")):
+        proposer = proposer_for(f"num_speculative_tokens: 2\ndefault: {{draft: {draft}}}\n"
+                                "controller: {adaptive: false}\n")
+        calls = []
+        record = proposer.controller.record_target_time
+        monkeypatch.setattr(proposer.controller, "record_target_time",
+                            lambda s, k=0, rows=1, record=record, calls=calls:
+                            (calls.append((k, rows)), record(s, k, rows)))
+        serve(proposer, target, [Request(p, 6) for p in prompts(tokenizer, TEXTS[:2])])
+        seen[name] = calls
+    # every step after the first verifies up to 2 drafts (k_max; fewer near max_tokens)
+    assert seen["drafting"] and all(1 <= k <= 2 for k, _ in seen["drafting"]) and seen["drafting"][0][0] == 2
+    assert seen["drafting"][0][1] == 2  # both requests decoded in the first timed step
+    assert seen["plain"] and all(k == 0 for k, _ in seen["plain"])
