@@ -1,13 +1,16 @@
 """Run the demo: `accel doctor`, then real vLLM (CPU build) on the committed demo
 models (demo_models/), without and with the domain proposer, side by side.
 
-Configurations, each in its own engine (one process, single-process vLLM):
+Configurations, each in its own engine (a worker process, single-process vLLM):
 plain decoding; speculation with the tuned drafts (demo_models/drafts.yaml); and
 "before tuning" (demo_models/drafts-untuned.yaml: support gets the general draft).
 Every configuration uses the same attention backend (ACCEL_ATTENTION_BACKEND).
 Prompts of every domain of demo_models/prompts/bench.jsonl run at batch 1 and
 batch 8 after an untimed warm-up (which also lets the controller settle its k).
-Nothing is trained or downloaded.
+All engines stay alive and each timed generate runs on every engine in turn,
+``--repeats`` times, so the configurations are compared on the same machine state
+(accel_plugin.adapters.vllm.demo.run_side_by_side). Nothing is trained or
+downloaded.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -54,11 +58,12 @@ def _int_range(lo: int, hi: int):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=_int_range(1, MAX_TOKENS_LIMIT), default=64,
                         help=f"tokens generated per prompt, 1..{MAX_TOKENS_LIMIT} (default: %(default)s)")
-    parser.add_argument("--batch1-prompts", type=_int_range(1, 8), default=3,
+    parser.add_argument("--batch1-prompts", type=_int_range(1, 8), default=2,
                         help="prompts per domain run one at a time for the batch-1 figure, 1..8 (default: %(default)s)")
-    parser.add_argument("--repeats", type=_int_range(1, 5), default=2,
-                        help="runs of each timed generate; the fastest counts (the machine may be shared), "
-                             "1..5 (default: %(default)s)")
+    parser.add_argument("--repeats", type=_int_range(1, 9), default=5,
+                        help="rounds of timed generates; in each, every prompt set runs on every engine back to "
+                             "back. tok/s are the median round, ratios the median of the rounds' paired ratios "
+                             "(the machine may be shared), 1..9 (default: %(default)s)")
     parser.add_argument("--skip-doctor", action="store_true", help="do not print `accel doctor` first")
     parser.add_argument("--no-untuned", action="store_true",
                         help="skip the 'before tuning' configuration (drafts-untuned.yaml); faster")
@@ -129,46 +134,54 @@ def workload(prompts: dict[str, list[str]], batch1_prompts: int) -> tuple[list[l
 # ---------------------------------------------------------------- analysis
 
 
-def _delta(before: dict | None, after: dict | None) -> dict[str, dict[str, int]]:
-    out = {}
-    for domain, s in (after or {}).items():
-        b = (before or {}).get(domain, {})
-        out[domain] = {key: s[key] - b.get(key, 0) for key in ("steps", "drafted", "accepted")}
-    return out
-
-
 def summarise(result: dict, routed: dict[str, list[str]] | None = None) -> dict[tuple[str, int], dict[str, Any]]:
-    """Per (domain label, batch size): generated tokens and seconds; with speculation,
-    drafted/accepted over those runs (counter deltas) and, for the proposer domains
-    the label's prompts are ``routed`` to, their state and k at the end of the runs."""
+    """Per (domain label, batch size): generated tokens; ``rounds``, the seconds its
+    runs took in each round of repeats; ``seconds``, the median round; with
+    speculation, drafted/accepted over all repeats of those runs and, for the
+    proposer domains the label's prompts are ``routed`` to, their state and k after
+    the runs."""
     out: dict[tuple[str, int], dict[str, Any]] = {}
-    previous = result.get("after_warmup")
     for run in result["runs"]:
         label, batch, _ = run["name"].split("|")
-        entry = out.setdefault((label, int(batch)), {"generated": 0, "seconds": 0.0, "drafted": 0, "accepted": 0,
+        entry = out.setdefault((label, int(batch)), {"generated": 0, "rounds": [], "drafted": 0, "accepted": 0,
                                                      "steps": 0, "token_ids": [], "domains": {},
                                                      "propose_steps": 0, "propose_seconds": 0.0})
         entry["generated"] += run["generated"]
-        entry["seconds"] += run["seconds"]
+        times = run.get("seconds_all") or [run["seconds"]]
+        entry["rounds"] = [a + b for a, b in zip(entry["rounds"], times)] if entry["rounds"] else list(times)
         entry["token_ids"] += run["token_ids"]
         entry["propose_steps"] += run.get("propose_steps", 0)
         entry["propose_seconds"] += run.get("propose_seconds", 0.0)
         stats = run.get("stats") or {}
         for domain in (routed or {}).get(label, []):
-            d = _delta(previous, stats).get(domain)
+            d = run.get("delta", {}).get(domain)
             if d is None:
                 continue
             for key in ("steps", "drafted", "accepted"):
                 entry[key] += d[key]
             s = stats[domain]
             entry["domains"][domain] = {"state": s["state"], "k": s["k"], "k_max": s["k_max"], "alpha": s["alpha"]}
-        previous = stats
     for entry in out.values():
+        entry["seconds"] = statistics.median(entry["rounds"])
         entry["tokens_per_s"] = entry["generated"] / entry["seconds"] if entry["seconds"] else 0.0
         entry["acceptance"] = entry["accepted"] / entry["drafted"] if entry["drafted"] else None
         entry["propose_ms_per_step"] = (1e3 * entry["propose_seconds"] / entry["propose_steps"]
                                         if entry["propose_steps"] else None)
     return out
+
+
+def per_round_ratios(plain: dict, spec: dict) -> list[float]:
+    """Speculative over plain tokens/s in each round of repeats. In a round the
+    engines run the same prompts back to back, so a slow spell of the machine
+    mostly hits both sides of a pair."""
+    return [(spec["generated"] / ts) / (plain["generated"] / tp)
+            for tp, ts in zip(plain["rounds"], spec["rounds"]) if tp > 0 and ts > 0]
+
+
+def paired_ratio(plain: dict, spec: dict) -> float | None:
+    """The median of :func:`per_round_ratios` (``None`` without timings)."""
+    ratios = per_round_ratios(plain, spec)
+    return statistics.median(ratios) if ratios else None
 
 
 def build_report(results: dict[str, dict], routes: dict[str, dict], args: argparse.Namespace) -> dict:
@@ -187,7 +200,8 @@ def build_report(results: dict[str, dict], routes: dict[str, dict], args: argpar
                 "domain": label, "batch": batch, "routed": routes[name][label]["routed"],
                 "draft": routes[name][label]["draft"],
                 "plain_tokens_per_s": base["tokens_per_s"], "spec_tokens_per_s": s["tokens_per_s"],
-                "ratio": s["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else None,
+                "ratio": paired_ratio(base, s),
+                "ratio_per_round": per_round_ratios(base, s),
                 "drafted": s["drafted"], "accepted": s["accepted"], "acceptance": s["acceptance"],
                 "proposer": s["domains"], "propose_ms_per_step": s["propose_ms_per_step"],
                 "identical_outputs": same, "outputs": len(s["token_ids"]),
@@ -200,6 +214,7 @@ def build_report(results: dict[str, dict], routes: dict[str, dict], args: argpar
             "startup_s": result["startup_s"], "warmup_s": result["warmup_s"],
         }
     return {
+        "timing_spread": timing_spread(results),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "settings": {"max_tokens": args.max_tokens, "batch1_prompts": args.batch1_prompts, "repeats": args.repeats, "backend": args.backend,
                      "dtype": args.dtype, "num_speculative_tokens": 5, "batch_sizes": list(BATCH_SIZES)},
@@ -210,11 +225,29 @@ def build_report(results: dict[str, dict], routes: dict[str, dict], args: argpar
     }
 
 
+def timing_spread(results: dict[str, dict]) -> dict | None:
+    """The largest slowest/fastest ratio among the rounds of one timed run (how
+    disturbed the machine was), with the configuration and run it happened in."""
+    worst = None
+    for name, result in results.items():
+        for run in result["runs"]:
+            times = run.get("seconds_all") or [run["seconds"]]
+            ratio = max(times) / min(times) if min(times) > 0 else None
+            if ratio is not None and (worst is None or ratio > worst["ratio"]):
+                worst = {"ratio": ratio, "config": name, "run": run["name"]}
+    return worst
+
+
 def _row(configs: dict, config: str, domain: str, batch: int) -> dict | None:
     for row in configs.get(config, {}).get("rows", []):
         if row["domain"] == domain and row["batch"] == batch:
             return row
     return None
+
+
+def _round_range(row: dict) -> str:
+    rounds = row.get("ratio_per_round") or []
+    return f" (rounds {min(rounds):.2f}-{max(rounds):.2f})" if len(rounds) > 1 else ""
 
 
 def verdicts(configs: dict) -> list[dict]:
@@ -232,7 +265,8 @@ def verdicts(configs: dict) -> list[dict]:
     poor = [r for b in BATCH_SIZES if (r := _row(configs, "untuned", "support", b))]
     goal("poor-draft domain (support with the untuned general draft): worst batch vs no speculation",
          min(r["ratio"] for r in poor) if poor else None, GOAL_POOR_DRAFT,
-         ", ".join(f"batch {r['batch']} {r['ratio']:.2f}x" for r in poor) if poor else "not measured (--no-untuned)")
+         ", ".join(f"batch {r['batch']} {r['ratio']:.2f}x{_round_range(r)}" for r in poor)
+         if poor else "not measured (--no-untuned)")
     tuned = [r for b in BATCH_SIZES if (r := _row(configs, "tuned", "support", b))]
     untuned = [r for b in BATCH_SIZES if (r := _row(configs, "untuned", "support", b))]
 
@@ -265,7 +299,8 @@ def render(report: dict) -> str:
     lines.append(f"target demo_models/models/target (11.0M params), {st['dtype']}, attention backend "
                  f"{st['backend']}, k_max {st['num_speculative_tokens']}, {st['max_tokens']} tokens per prompt; "
                  f"batch 1 = {st['batch1_prompts']} prompts one at a time, batch 8 = 8 prompts together; "
-                 f"best of {st['repeats']} run(s); propose ms = the proposer's whole propose() call per vLLM step")
+                 f"{st['repeats']} round(s): tok/s = the median round, ratio = the median of the rounds' paired "
+                 f"ratios; propose ms = the proposer's whole propose() call per vLLM step")
     for name, cfg in report["configs"].items():
         lines.append("")
         lines.append(CONFIG_TITLES.get(name, name))
@@ -290,10 +325,17 @@ def render(report: dict) -> str:
                      | {d for d, s in cfg["final"].items() if s["state"] == "off"})
         lines.append(f"  controller at the end: " + "; ".join(
             f"{d} {s['state']} k={s['k']}/{s['k_max']} alpha={_fmt(s['alpha'], '.2f')} c={_fmt(s['cost_ratio'], '.3f')}"
+            f" v={_fmt(s.get('verify_overhead'), '.3f')}"
             for d, s in cfg["final"].items()))
         lines.append(f"  speculation switched off (in timed runs) for: {', '.join(off) if off else 'none'}; "
                      f"propose() {_fmt(cfg['propose_ms_per_step'], '.1f')} ms per step; "
                      f"greedy outputs identical to plain decoding: {same}/{total}")
+    spread = report.get("timing_spread")
+    if spread and st["repeats"] > 1:
+        lines.append("")
+        lines.append(f"timing: the slowest round of one run took up to {spread['ratio']:.2f}x its fastest "
+                     f"({spread['config']}, {spread['run']}); medians and paired ratios keep such spells "
+                     f"of a shared machine from deciding a verdict")
     lines.append("")
     lines.append("Goals (measured above, not assumed):")
     for g in report["goals"]:
@@ -326,7 +368,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..registry import import_object
 
-    run_configuration = import_object("accel_plugin.adapters.vllm.demo:run_configuration")
+    run_side_by_side = import_object("accel_plugin.adapters.vllm.demo:run_side_by_side")
     prompts = load_prompts(args.models / "prompts" / "bench.jsonl")
     warmup, timed = workload(prompts, args.batch1_prompts)
     configs = {"plain": None, "tuned": args.models / "drafts.yaml"}
@@ -340,20 +382,20 @@ def run(args: argparse.Namespace) -> int:
           "the Triton interpreter would be far too slow for a demo.")
     print(f"  domains: " + ", ".join(f"{label} ({len(p)} prompts)" for label, p in prompts.items())
           + "; warm-up (untimed) first, so the controller has settled when timing starts")
-    results = {}
-    for name, config in configs.items():
-        what = "no speculation" if config is None else f"domain proposer, ACCEL_DRAFT_CONFIG={config.name}"
-        print(f"  running {name:<8} ({what}) ...", end="", flush=True)
-        t0 = time.perf_counter()
-        try:
-            results[name] = run_configuration(
-                args.models / "models" / "target", draft_config=config, attention_backend=args.backend,
-                warmup=warmup, timed=timed, max_tokens=args.max_tokens, dtype=args.dtype, repeats=args.repeats,
-            )
-        except RuntimeError as exc:
-            print(f" failed\n{exc}")
-            return 1
-        print(f" {time.perf_counter() - t0:.0f} s")
+    print("  configurations: " + "; ".join(
+        f"{name} ({'no speculation' if path is None else f'domain proposer, ACCEL_DRAFT_CONFIG={path.name}'})"
+        for name, path in configs.items()))
+    print(f"  one engine per configuration, all alive at once; each timed generate runs on every engine in "
+          f"turn, {args.repeats} time(s), so all configurations see the same machine")
+    try:
+        results = run_side_by_side(
+            args.models / "models" / "target", configs, attention_backend=args.backend,
+            warmup=warmup, timed=timed, max_tokens=args.max_tokens, dtype=args.dtype, repeats=args.repeats,
+            progress=lambda message: print(f"  {message}", flush=True),
+        )
+    except RuntimeError as exc:
+        print(f"  failed\n{exc}")
+        return 1
     warnings = sorted({w for r in results.values() for w in r.get("warnings", [])})
     for w in warnings:
         print(f"  note: {w[w.find('accel_plugin'):][:160]}")

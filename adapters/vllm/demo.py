@@ -1,25 +1,44 @@
-"""The vLLM side of `accel demo`: one engine per configuration, timed generation.
+"""The vLLM side of `accel demo`: engines side by side, timed generation interleaved.
 
-vLLM is imported here, inside the adapter, never by the core. The CLI
-(:mod:`accel_plugin.cli.demo`) runs every configuration in its own subprocess::
+vLLM is imported here, inside the adapter, never by the core. Each configuration
+(plain decoding, speculation with one draft YAML, ...) gets an engine of its own,
+in a worker process of its own::
 
-    python -m accel_plugin.adapters.vllm.demo '{"target": ..., "batches": ...}'
+    python -m accel_plugin.adapters.vllm.demo '{"target": ..., "warmup": ..., ...}'
 
-which prints one line ``RESULT {json}``. The engine runs in vLLM's single-process
-mode (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set by the caller), so the domain
-proposer lives in this process and its per-domain counters are read directly with
-:func:`accel_plugin.adapters.vllm.proposer.collect_stats`.
+The worker starts vLLM in single-process mode (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+set by :func:`run_side_by_side`), so the domain proposer lives in the worker and
+its per-domain counters are read directly. It runs the untimed warm-up, prints
+``READY {json}``, then answers one JSON command per stdin line (a timed
+``generate``) with ``RESULT {json}``; an empty line or ``{"quit": true}`` ends it
+with ``DONE {json}`` (final counters).
+
+:func:`run_side_by_side` starts the workers one after another (each waits idle
+once ready) and then sends every timed entry to every engine in turn, repeat after
+repeat, rotating which engine goes first. Only one engine runs at a time, so the
+engines never compete for the CPU, and a slow spell of a shared machine tends to
+hit the engines of one round alike instead of whichever happened to run then.
+Every repeat's time is returned (``seconds_all``, in round order), so that the
+caller can compare the configurations round by round (``accel demo`` takes the
+median of those paired ratios).
 """
 
 from __future__ import annotations
 
+import collections
 import json
+import os
+import queue
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 PROPOSER = "accel_plugin.adapters.vllm.DomainDraftProposer"
+_COUNTERS = ("steps", "drafted", "accepted")
 
 
 def spec_config(num_speculative_tokens: int = 5) -> dict:
@@ -35,128 +54,228 @@ def _spec_counters(llm: Any) -> dict:
     return out
 
 
-def measure(target: str | Path, *, warmup: list[list[str]], timed: list[dict], spec: dict | None = None,
-            max_tokens: int = 64, dtype: str = "float32", max_model_len: int = 512, repeats: int = 1) -> dict:
-    """Start one engine, run the ``warmup`` batches untimed, then every ``timed``
-    entry (``{"name": str, "prompts": [...]}``, one ``generate`` call each).
+def _emit(kind: str, payload: dict) -> None:
+    print(f"{kind} {json.dumps(payload)}", flush=True)
 
-    Each timed entry runs ``repeats`` times; its time is the fastest run's.
-    Returns per timed entry: generated tokens, seconds and the greedy token ids;
-    vLLM's spec-decode counters; the proposer's per-domain counters (when ``spec``
-    is the domain proposer and the proposer lives in this process) read after the
-    warm-up and at the end, so that the timed part can be told apart.
-    """
-    import torch
-    from vllm import LLM, SamplingParams
 
-    # denormal floats make CPU matmuls/exp many times slower, data-dependently; the
-    # demo's timings must not hinge on them (flushing changes values below ~1e-38 only)
-    torch.set_flush_denormal(True)
-    t0 = time.perf_counter()
-    llm = LLM(
-        model=str(target),
-        dtype=dtype,
-        enforce_eager=True,
-        max_model_len=max_model_len,
-        kv_cache_memory_bytes=64 * 2**20,
-        max_num_seqs=16,
-        seed=0,
-        disable_log_stats=False,
-        **({"speculative_config": spec} if spec else {}),
-    )
-    startup_s = time.perf_counter() - t0
+class _Engine:
+    """One vLLM engine in this process and what the demo reads from it."""
 
-    def stats() -> dict | None:
-        if not spec or spec.get("method") != "custom_class":
+    def __init__(self, target: str | Path, *, spec: dict | None = None, max_tokens: int = 64,
+                 dtype: str = "float32", max_model_len: int = 512):
+        import torch
+        from vllm import LLM, SamplingParams
+
+        # denormal floats make CPU matmuls/exp many times slower, data-dependently; the
+        # demo's timings must not hinge on them (flushing changes values below ~1e-38 only)
+        torch.set_flush_denormal(True)
+        self.spec = spec
+        t0 = time.perf_counter()
+        self.llm = LLM(
+            model=str(target),
+            dtype=dtype,
+            enforce_eager=True,
+            max_model_len=max_model_len,
+            kv_cache_memory_bytes=64 * 2**20,
+            max_num_seqs=16,
+            seed=0,
+            disable_log_stats=False,
+            **({"speculative_config": spec} if spec else {}),
+        )
+        self.startup_s = time.perf_counter() - t0
+        self.params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+    def stats(self) -> dict | None:
+        """The domain proposer's per-domain counters (``None`` without it)."""
+        if not self.spec or self.spec.get("method") != "custom_class":
             return None
         from .proposer import collect_stats
 
         return collect_stats()
 
-    def clock() -> tuple[int, float]:
+    def _clock(self) -> tuple[int, float]:
         from .proposer import live_proposers
 
-        cores = [p.core for p in live_proposers()] if spec else []
+        cores = [p.core for p in live_proposers()] if self.spec else []
         return sum(c.num_steps for c in cores), sum(c.propose_seconds for c in cores)
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    t0 = time.perf_counter()
-    for prompts in warmup:
-        llm.generate(prompts, params, use_tqdm=False)
-    warmup_s = time.perf_counter() - t0
-    after_warmup = stats()
-    runs = []
-    for entry in timed:
-        # best of `repeats` (the machine is shared: the fastest run is the least disturbed);
-        # the proposer's counters cover all repeats
-        best, steps, propose_s = float("inf"), 0, 0.0
-        for _ in range(max(1, repeats)):
-            steps0, propose0 = clock()
-            t0 = time.perf_counter()
-            outputs = llm.generate(entry["prompts"], params, use_tqdm=False)
-            seconds = time.perf_counter() - t0
-            steps1, propose1 = clock()
-            if seconds < best:
-                best, steps, propose_s = seconds, steps1 - steps0, propose1 - propose0
-        runs.append({
-            "name": entry["name"],
-            "seconds": best,
-            "propose_steps": steps,
-            "propose_seconds": propose_s,
+    def generate(self, prompts: list[str]) -> list:
+        return self.llm.generate(prompts, self.params, use_tqdm=False)
+
+    def timed(self, name: str, prompts: list[str]) -> dict:
+        """One timed ``generate``: tokens, seconds, greedy ids, and what the proposer
+        did meanwhile (its steps, time, and per-domain counter deltas)."""
+        before, (steps0, propose0) = self.stats() or {}, self._clock()
+        t0 = time.perf_counter()
+        outputs = self.generate(prompts)
+        seconds = time.perf_counter() - t0
+        steps1, propose1 = self._clock()
+        after = self.stats()
+        delta = {d: {key: s[key] - before.get(d, {}).get(key, 0) for key in _COUNTERS}
+                 for d, s in (after or {}).items()}
+        return {
+            "name": name,
+            "seconds": seconds,
             "generated": sum(len(o.outputs[0].token_ids) for o in outputs),
             "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
-            "stats": stats(),
-        })
-    return {
-        "startup_s": startup_s,
-        "warmup_s": warmup_s,
-        "runs": runs,
-        "after_warmup": after_warmup,
-        "final": stats(),
-        "spec": _spec_counters(llm) if spec else {},
-    }
+            "propose_steps": steps1 - steps0,
+            "propose_seconds": propose1 - propose0,
+            "delta": delta,
+            "stats": after,
+        }
 
 
-def run_configuration(target: str | Path, *, draft_config: str | Path | None = None,
-                      attention_backend: str = "flash", num_speculative_tokens: int = 5,
-                      timeout_s: float = 600, **kwargs: Any) -> dict:
-    """:func:`measure` in a fresh Python process (one engine per process, single-process
-    vLLM so that the proposer's counters are readable); speculation with the domain
-    proposer when ``draft_config`` is given. Raises ``RuntimeError`` with the
-    subprocess's output tail when it fails."""
-    import os
-    import subprocess
+def serve(args: dict, stdin=None) -> int:
+    """The worker: engine, warm-up, ``READY``; then a ``RESULT`` per command line."""
+    stdin = stdin if stdin is not None else sys.stdin
+    engine = _Engine(args["target"], spec=args.get("spec"), max_tokens=args.get("max_tokens", 64),
+                     dtype=args.get("dtype", "float32"), max_model_len=args.get("max_model_len", 512))
+    t0 = time.perf_counter()
+    for prompts in args.get("warmup", []):
+        engine.generate(prompts)
+    _emit("READY", {"startup_s": engine.startup_s, "warmup_s": time.perf_counter() - t0,
+                    "after_warmup": engine.stats()})
+    for line in stdin:
+        command = json.loads(line) if line.strip() else {"quit": True}
+        if command.get("quit"):
+            break
+        _emit("RESULT", engine.timed(command["name"], command["prompts"]))
+    _emit("DONE", {"final": engine.stats(), "spec": _spec_counters(engine.llm) if engine.spec else {}})
+    return 0
 
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "ACCEL_ATTENTION_BACKEND": attention_backend,
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    env.pop("ACCEL_DRAFT_CONFIG", None)
+
+class _Worker:
+    """A worker process seen from the coordinator: send a command, wait for its line."""
+
+    def __init__(self, name: str, args: dict, env: dict, timeout_s: float):
+        self.name, self.timeout_s = name, timeout_s
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self._tail: collections.deque[str] = collections.deque(maxlen=60)
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        cmd = [sys.executable, "-m", "accel_plugin.adapters.vllm.demo", json.dumps(args)]
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._stderr, text=True, bufsize=1)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def expect(self, kind: str) -> dict:
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.close()
+                raise RuntimeError(f"{self.name}: vLLM worker gave no {kind} within {self.timeout_s:.0f} s\n"
+                                   + self.output_tail()) from None
+            if line is None:
+                self.proc.wait()
+                raise RuntimeError(f"{self.name}: vLLM worker exited (code {self.proc.returncode}) "
+                                   f"before {kind}:\n" + self.output_tail())
+            if line.startswith(kind + " "):
+                return json.loads(line[len(kind) + 1:])
+            self._tail.append(line)
+
+    def send(self, command: dict) -> None:
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+
+    def stderr_text(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read()
+
+    def output_tail(self) -> str:
+        return ("".join(self._tail) + self.stderr_text())[-4000:]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _best(results: list[dict]) -> dict:
+    """Repeats of one timed entry -> one: the fastest run's time and outputs; the
+    proposer's steps, time and counters summed over every repeat; the proposer's
+    state after the last."""
+    best = min(results, key=lambda r: r["seconds"])
+    delta: dict[str, dict[str, int]] = {}
+    for r in results:
+        for domain, d in r["delta"].items():
+            acc = delta.setdefault(domain, dict.fromkeys(_COUNTERS, 0))
+            for key in _COUNTERS:
+                acc[key] += d[key]
+    return {**best, "seconds_all": [r["seconds"] for r in results], "delta": delta,
+            "propose_steps": sum(r["propose_steps"] for r in results),
+            "propose_seconds": sum(r["propose_seconds"] for r in results),
+            "stats": results[-1]["stats"]}
+
+
+def run_side_by_side(target: str | Path, configs: dict[str, str | Path | None], *, warmup: list[list[str]],
+                     timed: list[dict], repeats: int = 1, attention_backend: str = "flash",
+                     num_speculative_tokens: int = 5, timeout_s: float = 600, progress=None,
+                     **engine_args: Any) -> dict[str, dict]:
+    """One engine per entry of ``configs`` (name -> draft YAML, or ``None`` for no
+    speculation), each warmed up with ``warmup``; then every ``timed`` entry
+    (``{"name": str, "prompts": [...]}``) on every engine in turn, ``repeats`` times.
+
+    Returns per configuration: ``startup_s``, ``warmup_s``, ``after_warmup`` and
+    ``final`` proposer counters, vLLM's ``spec`` counters, ``warnings`` (the
+    plugin's, from the worker's stderr) and ``runs``: per timed entry the fastest
+    repeat (seconds, generated tokens, greedy ids) with ``seconds_all``, and the
+    proposer's counters summed over the repeats (``delta``, ``propose_steps``,
+    ``propose_seconds``). ``progress(message)`` is called as work proceeds. Raises
+    ``RuntimeError`` with a worker's output tail when one fails.
+    """
+    base_env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "ACCEL_ATTENTION_BACKEND": attention_backend,
+                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    base_env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    base_env.pop("ACCEL_DRAFT_CONFIG", None)
     # the Triton interpreter would take many minutes: on CPU the demo times the kernels'
     # pure-torch reference (the accel backend warns once that it does)
-    env.pop("TRITON_INTERPRET", None)
-    args = {"target": str(target), **kwargs}
-    if draft_config is not None:
-        env["ACCEL_DRAFT_CONFIG"] = str(draft_config)
-        args["spec"] = spec_config(num_speculative_tokens)
-    cmd = [sys.executable, "-m", "accel_plugin.adapters.vllm.demo", json.dumps(args)]
+    base_env.pop("TRITON_INTERPRET", None)
+    progress = progress or (lambda message: None)
+    workers: dict[str, _Worker] = {}
+    results: dict[str, dict] = {}
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as exc:
-        raise RuntimeError(f"vLLM run did not finish within {timeout_s:.0f} s") from exc
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
-    if proc.returncode != 0 or line is None:
-        tail = (proc.stdout + proc.stderr)[-4000:]
-        raise RuntimeError(f"vLLM run failed (exit code {proc.returncode}):\n{tail}")
-    result = json.loads(line[len("RESULT "):])
-    result["warnings"] = sorted({l.strip() for l in proc.stderr.splitlines() if "accel_plugin" in l and "Warning" in l})
-    return result
+        for name, draft_config in configs.items():
+            env, args = dict(base_env), {"target": str(target), "warmup": warmup, **engine_args}
+            if draft_config is not None:
+                env["ACCEL_DRAFT_CONFIG"] = str(draft_config)
+                args["spec"] = spec_config(num_speculative_tokens)
+            t0 = time.perf_counter()
+            # one at a time: a starting engine would slow the others' warm-up
+            workers[name] = _Worker(name, args, env, timeout_s)
+            results[name] = {**workers[name].expect("READY"), "runs": []}
+            progress(f"{name}: engine started and warmed up in {time.perf_counter() - t0:.0f} s")
+        names = list(configs)
+        per_entry: dict[str, list[list[dict]]] = {name: [[] for _ in timed] for name in names}
+        for rep in range(max(1, repeats)):
+            order = names[rep % len(names):] + names[:rep % len(names)]
+            t0 = time.perf_counter()
+            for i, entry in enumerate(timed):
+                for name in order:
+                    workers[name].send(entry)
+                    per_entry[name][i].append(workers[name].expect("RESULT"))
+            progress(f"timed round {rep + 1}/{max(1, repeats)}: {time.perf_counter() - t0:.0f} s")
+        for name, worker in workers.items():
+            worker.send({"quit": True})
+            done = worker.expect("DONE")
+            worker.proc.wait(timeout=timeout_s)
+            results[name].update(done)
+            results[name]["runs"] = [_best(r) for r in per_entry[name]]
+            results[name]["warnings"] = sorted({line.strip() for line in worker.stderr_text().splitlines()
+                                                if "accel_plugin" in line and "Warning" in line})
+    finally:
+        for worker in workers.values():
+            worker.close()
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = json.loads((argv if argv is not None else sys.argv[1:])[0])
-    result = measure(args.pop("target"), **args)
-    print("RESULT " + json.dumps(result), flush=True)
-    return 0
+    return serve(json.loads((argv if argv is not None else sys.argv[1:])[0]))
 
 
 if __name__ == "__main__":

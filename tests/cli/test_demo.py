@@ -70,14 +70,19 @@ def _stats(steps, drafted, accepted, state="on", k=5):
 
 
 def _result(tokens_per_s: dict, stats_per_run: list | None):
-    """A fake run_configuration result: one timed run per (label, batch)."""
-    runs, previous = [], None
+    """A fake run_side_by_side result for one configuration: one timed run per
+    (label, batch); ``stats_per_run`` are the proposer's cumulative counters after
+    each run, from which each run's delta is taken (as the worker does)."""
+    runs, previous = [], {"support": _stats(0, 0, 0)}
     for i, ((label, batch), tps) in enumerate(tokens_per_s.items()):
         generated = 64 * batch
         stats = stats_per_run[i] if stats_per_run else None
+        delta = {d: {key: s[key] - previous.get(d, {}).get(key, 0) for key in ("steps", "drafted", "accepted")}
+                 for d, s in (stats or {}).items()}
+        previous = stats or previous
         runs.append({"name": f"{label}|{batch}|0", "seconds": generated / tps, "generated": generated,
-                     "token_ids": [[1, 2, 3]] * batch, "stats": stats, "propose_steps": 10 if stats else 0,
-                     "propose_seconds": 0.03 if stats else 0.0})
+                     "token_ids": [[1, 2, 3]] * batch, "stats": stats, "delta": delta,
+                     "propose_steps": 10 if stats else 0, "propose_seconds": 0.03 if stats else 0.0})
     return {"startup_s": 3.0, "warmup_s": 5.0, "runs": runs,
             "after_warmup": {"support": _stats(0, 0, 0)} if stats_per_run else None,
             "final": stats_per_run[-1] if stats_per_run else None, "spec": {}}
@@ -138,3 +143,79 @@ def test_small_real_run(tmp_path, capsys, monkeypatch):
     assert {(r["domain"], r["batch"]) for r in rows} == {(d, b) for d in ("support", "code", "prose") for b in (1, 8)}
     assert all(r["plain_tokens_per_s"] > 0 and r["spec_tokens_per_s"] > 0 for r in rows)
     assert sum(r["identical_outputs"] for r in rows) >= 1
+
+
+def test_repeats_keep_the_fastest_run_and_sum_the_counters():
+    from accel_plugin.adapters.vllm.demo import _best
+
+    def run(seconds, drafted, state):
+        return {"name": "support|1|0", "seconds": seconds, "generated": 64, "token_ids": [[seconds]],
+                "propose_steps": 10, "propose_seconds": 0.01,
+                "delta": {"support": {"steps": 2, "drafted": drafted, "accepted": 1}},
+                "stats": {"support": {"state": state}}}
+
+    best = _best([run(2.0, 5, "on"), run(1.5, 4, "on"), run(3.0, 0, "off")])
+    assert best["seconds"] == 1.5 and best["token_ids"] == [[1.5]]  # the fastest run's time and outputs
+    assert best["seconds_all"] == [2.0, 1.5, 3.0]
+    assert best["delta"]["support"] == {"steps": 6, "drafted": 9, "accepted": 3}  # every repeat counts
+    assert (best["propose_steps"], best["propose_seconds"]) == (30, pytest.approx(0.03))
+    assert best["stats"]["support"]["state"] == "off"  # the state after the last repeat
+    spread = demo.timing_spread({"tuned": {"runs": [best]}})
+    assert spread == {"ratio": 2.0, "config": "tuned", "run": "support|1|0"}
+
+
+def test_worker_protocol(monkeypatch):
+    """serve(): READY after the warm-up, one RESULT per command line, DONE at the end."""
+    import io
+
+    from accel_plugin.adapters.vllm import demo as worker
+
+    class FakeEngine:  # stands in for vLLM here; test_small_real_run drives the real one
+        startup_s, spec, llm = 1.0, None, None
+        warmed = []
+
+        def __init__(self, target, **kwargs):
+            pass
+
+        def generate(self, prompts):
+            self.warmed.append(prompts)
+
+        def stats(self):
+            return None
+
+        def timed(self, name, prompts):
+            return {"name": name, "n": len(prompts)}
+
+    monkeypatch.setattr(worker, "_Engine", FakeEngine)
+    lines = []
+    monkeypatch.setattr(worker, "_emit", lambda kind, payload: lines.append((kind, payload)))
+    stdin = io.StringIO(json.dumps({"name": "a", "prompts": ["x", "y"]}) + "\n" + json.dumps({"quit": True}) + "\n"
+                        + json.dumps({"name": "never", "prompts": []}) + "\n")
+    assert worker.serve({"target": "t", "warmup": [["w"]]}, stdin=stdin) == 0
+    assert [k for k, _ in lines] == ["READY", "RESULT", "DONE"]
+    assert lines[1][1] == {"name": "a", "n": 2} and FakeEngine.warmed == [["w"]]
+
+
+@pytest.mark.skipif(package_version("vllm") is None, reason="vLLM is not installed")
+def test_a_failing_engine_is_reported_with_its_output(tmp_path):
+    from accel_plugin.adapters.vllm.demo import run_side_by_side
+
+    with pytest.raises(RuntimeError) as exc:
+        run_side_by_side(tmp_path / "no-such-model", {"plain": None}, warmup=[], timed=[], timeout_s=300)
+    assert "plain: vLLM worker exited" in str(exc.value) and "no-such-model" in str(exc.value)
+
+
+def test_ratio_is_the_median_of_paired_rounds():
+    """A fast spell of the machine that only the plain engine caught (round 1) does
+    not decide the verdict; the rounds where both ran alike do."""
+    def config(seconds_all):
+        return {"runs": [{"name": "support|8|0", "seconds": min(seconds_all), "seconds_all": seconds_all,
+                          "generated": 512, "token_ids": [[1]] * 8}]}
+
+    plain = demo.summarise(config([1.0, 1.5, 1.5]))[("support", 8)]
+    spec = demo.summarise(config([1.05, 1.5, 1.5]))[("support", 8)]
+    assert plain["rounds"] == [1.0, 1.5, 1.5] and plain["seconds"] == 1.5
+    assert demo.per_round_ratios(plain, spec) == pytest.approx([1 / 1.05, 1.0, 1.0])
+    assert demo.paired_ratio(plain, spec) == pytest.approx(1.0)
+    # the fastest runs alone would have said 0.95x
+    assert min(spec["rounds"]) / min(plain["rounds"]) == pytest.approx(1.05)
