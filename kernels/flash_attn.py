@@ -179,9 +179,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                              window_size, softcap, out, SUPPORTED_DTYPES, check_contents=mode != COMPILED)
     if mode == REFERENCE:
         warn_reference_fallback(q.device)
-        return _reference.flash_attn_varlen_func(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, params.softmax_scale, causal,
-            (params.window_left, params.window_right), params.softcap, return_lse, out=out)
+        return _reference.flash_attn_varlen_validated(q, k, v, cu_seqlens_q, cu_seqlens_k, params, causal,
+                                                      return_lse, out)
 
     total_q, num_heads, head_dim = q.shape
     if out is None:

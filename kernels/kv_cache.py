@@ -59,7 +59,7 @@ def write_kv_cache(k, v, k_cache, v_cache, slot_mapping):
     validate_write_kv(k, v, k_cache, v_cache, slot_mapping, SUPPORTED_DTYPES, check_contents=mode != COMPILED)
     if mode == REFERENCE:
         warn_reference_fallback(k.device)
-        return _reference.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+        return _reference.write_kv_cache_validated(k, v, k_cache, v_cache, slot_mapping)
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return None

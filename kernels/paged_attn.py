@@ -231,10 +231,8 @@ def paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, ma
                             check_contents=mode != COMPILED)
     if mode == REFERENCE:
         warn_reference_fallback(q.device)
-        return _reference.paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, max_seqlen_q,
-                                          max_seq_len, params.softmax_scale, causal,
-                                          (params.window_left, params.window_right), params.softcap, num_splits,
-                                          out)
+        return _reference.paged_attention_validated(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table,
+                                                    params, causal, out)
     if out is None:
         out = torch.zeros_like(q)
     num_seqs = seq_lens.shape[0]

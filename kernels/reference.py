@@ -67,6 +67,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """Reference for :func:`accel_plugin.kernels.flash_attn_varlen_func` (same contract)."""
     params = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                              window_size, softcap, out, _ALLOWED, check_contents=True)
+    return flash_attn_varlen_validated(q, k, v, cu_seqlens_q, cu_seqlens_k, params, causal, return_lse, out)
+
+
+def flash_attn_varlen_validated(q, k, v, cu_seqlens_q, cu_seqlens_k, params, causal, return_lse, out):
+    """The computation of :func:`flash_attn_varlen_func` on inputs that ``validate_varlen``
+    accepted (``params`` is what it returned); checks nothing. The kernels' CPU fallback
+    calls this after validating once."""
     window = (params.window_left, params.window_right)
     if out is None:
         out = torch.zeros_like(q)
@@ -95,6 +102,12 @@ def paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, ma
     """Reference for :func:`accel_plugin.kernels.paged_attention` (same contract; no split-K)."""
     params = validate_paged(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, max_seqlen_q, max_seq_len,
                             softmax_scale, window_size, softcap, num_splits, out, _ALLOWED, check_contents=True)
+    return paged_attention_validated(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, params, causal, out)
+
+
+def paged_attention_validated(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, params, causal, out):
+    """The computation of :func:`paged_attention` on inputs that ``validate_paged``
+    accepted (``params`` is what it returned); checks nothing."""
     window = (params.window_left, params.window_right)
     if out is None:
         out = torch.zeros_like(q)
@@ -113,6 +126,12 @@ def paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, ma
 def write_kv_cache(k, v, k_cache, v_cache, slot_mapping):
     """Reference for :func:`accel_plugin.kernels.write_kv_cache`: cache[slot // bs, slot % bs] = k, v."""
     validate_write_kv(k, v, k_cache, v_cache, slot_mapping, _ALLOWED, check_contents=True)
+    write_kv_cache_validated(k, v, k_cache, v_cache, slot_mapping)
+
+
+def write_kv_cache_validated(k, v, k_cache, v_cache, slot_mapping):
+    """The computation of :func:`write_kv_cache` on inputs that ``validate_write_kv``
+    accepted; checks nothing."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     block_size = k_cache.shape[1]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import accel_plugin.kernels as kernels
-from accel_plugin.kernels import _runtime, flash_attn, paged_attn, reference
+from accel_plugin.kernels import _runtime, _validation, flash_attn, kv_cache, paged_attn, reference
 
 
 def test_public_api():
@@ -90,3 +90,36 @@ def test_import_without_interpreter_on_cpu():
     assert lines[0] == "reference | no CUDA device and TRITON_INTERPRET unset: pure-torch reference"
     assert lines[1] == "1 torch.Size([3, 2, 32])"
     assert lines[2].startswith("reference | TRITON_INTERPRET was set after accel_plugin.kernels was imported")
+
+
+def test_reference_fallback_of_paged_and_kv_write_validates_once_and_matches(monkeypatch):
+    """The fallback validates at the kernel's entry (contents included) and then runs the
+    reference's computation without validating again."""
+    for module in (paged_attn, kv_cache):
+        monkeypatch.setattr(module, "runtime_mode", lambda device: "reference")
+    calls = []
+    for name in ("validate_paged", "validate_write_kv"):
+        original = getattr(_validation, name)
+
+        def counting(*args, _original=original, _name=name, **kwargs):
+            calls.append(_name)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(reference, name, counting)  # what the reference itself would call
+    torch.manual_seed(0)
+    k_cache, v_cache = torch.zeros(4, 16, 1, 32), torch.zeros(4, 16, 1, 32)
+    k, v = torch.randn(20, 1, 32), torch.randn(20, 1, 32)
+    slots = torch.cat([torch.arange(16, 32), torch.arange(48, 52)])  # blocks 1 and 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kernels.write_kv_cache(k, v, k_cache, v_cache, slots)
+        q = torch.randn(3, 2, 32)
+        cu = torch.tensor([0, 3], dtype=torch.int32)
+        lens = torch.tensor([20], dtype=torch.int32)
+        table = torch.tensor([[1, 3]], dtype=torch.int32)
+        out = kernels.paged_attention(q, k_cache, v_cache, cu, lens, table, 3, 20)
+        assert calls == []  # the kernel entry validated; the reference did not again
+        expected = reference.paged_attention(q, k_cache, v_cache, cu, lens, table, 3, 20)
+        torch.testing.assert_close(out, expected)
+        with pytest.raises(ValueError, match="block_table entries"):
+            kernels.paged_attention(q, k_cache, v_cache, cu, lens, torch.tensor([[1, 9]], dtype=torch.int32), 3, 20)
