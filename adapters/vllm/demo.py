@@ -180,8 +180,13 @@ class _Worker:
             self._tail.append(line)
 
     def send(self, command: dict) -> None:
-        self.proc.stdin.write(json.dumps(command) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps(command) + "\n")
+            self.proc.stdin.flush()
+        except OSError:  # the worker is gone (BrokenPipeError): say why, with its output
+            self.proc.wait()
+            raise RuntimeError(f"{self.name}: vLLM worker exited (code {self.proc.returncode}):\n"
+                               + self.output_tail()) from None
 
     def stderr_text(self) -> str:
         self._stderr.seek(0)

@@ -219,3 +219,15 @@ def test_ratio_is_the_median_of_paired_rounds():
     assert demo.paired_ratio(plain, spec) == pytest.approx(1.0)
     # the fastest runs alone would have said 0.95x
     assert min(spec["rounds"]) / min(plain["rounds"]) == pytest.approx(1.05)
+
+
+def test_a_worker_that_died_is_reported_when_sent_work():
+    from accel_plugin.adapters.vllm.demo import _Worker
+
+    worker = _Worker("tuned", {}, {}, timeout_s=60)
+    worker.proc.kill()  # stands in for a crashed engine
+    worker.proc.wait()
+    with pytest.raises(RuntimeError, match="tuned: vLLM worker exited"):
+        for _ in range(100):  # the pipe may take a write or two to report the broken end
+            worker.send({"name": "x", "prompts": ["p" * 65536]})
+    worker.close()
