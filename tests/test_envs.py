@@ -39,3 +39,9 @@ def test_trace_bad_value():
 def test_check_all_collects_every_error():
     errors = envs.check_all({envs.ACCEL_ATTENTION_BACKEND: "x", envs.ACCEL_TRACE: "y"})
     assert {e.name for e in errors} == {envs.ACCEL_ATTENTION_BACKEND, envs.ACCEL_TRACE}
+
+
+def test_models_dir():
+    assert envs.models_dir({}) is None
+    assert envs.models_dir({envs.ACCEL_MODELS_DIR: "  "}) is None
+    assert envs.models_dir({envs.ACCEL_MODELS_DIR: " /data/models "}) == "/data/models"

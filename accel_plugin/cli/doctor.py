@@ -70,6 +70,7 @@ def _env_report(environ=None) -> tuple[dict[str, Any], list[str]]:
     getters = {
         envs.ACCEL_ATTENTION_BACKEND: envs.attention_backend,
         envs.ACCEL_DRAFT_CONFIG: envs.draft_config_path,
+        envs.ACCEL_MODELS_DIR: envs.models_dir,
         envs.ACCEL_PLUGINS: envs.plugin_allowlist,
         envs.ACCEL_TRACE: envs.trace_enabled,
     }
