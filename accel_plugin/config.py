@@ -137,6 +137,14 @@ class ControllerConfig(_Strict):
     #: k is kept only when its predicted speedup is at least this (1.0 = break-even;
     #: below 1.0 would mean speculating when it is predicted to be slower)
     min_speedup: float = Field(default=1.0, ge=1.0)
+    #: an off domain goes on only when its predicted speedup reaches
+    #: ``min_speedup * (1 + hysteresis)``; an on one goes off below ``min_speedup``
+    hysteresis: float = Field(default=0.05, ge=0.0)
+    #: consecutive decisions that must agree before a domain is switched on or off
+    switch_after: int = Field(default=8, ge=1)
+    #: one target step in this many is run without drafts (per batch size) to time a
+    #: plain step next to verifying ones, when none happens by itself (0 = never)
+    calibration_interval: int = Field(default=64, ge=0)
     #: seconds between two log lines with the per-domain counters (0 = never)
     log_interval_s: float = Field(default=30.0, ge=0.0)
 
@@ -148,6 +156,13 @@ class ControllerConfig(_Strict):
                 "the estimate would never have enough samples and the controller would stay at k_max"
             )
         return self
+
+    @field_validator("calibration_interval")
+    @classmethod
+    def _calibration_leaves_room(cls, value: int) -> int:
+        if value == 1:
+            raise ValueError("must be 0 (never) or at least 2 (1 would make every step a plain one)")
+        return value
 
 
 class DraftConfig(_Strict):

@@ -1,101 +1,69 @@
-"""How many tokens to draft, per domain: acceptance, costs and the speedup model.
+"""How many tokens to draft, per domain and batch size, on a machine whose speed varies.
 
-The model (Leviathan, Kalman, Matias 2023): with per-position acceptance
-probability ``a`` and a draft forward costing ``c`` target forwards, drafting ``k``
-tokens gives an expected speedup over plain decoding of
+The speedup model is :mod:`.speedup`: ``S(a, k, c, v) = (1 - a^(k+1)) / ((1 - a)
+(k c + 1 + v(k)))``. Per domain the controller estimates ``a`` from a window of
+observations (one per request and step: drafted ``k``, accepted ``n``) as accepted /
+tested positions (a position is tested when every earlier draft was accepted:
+``n + (n < k)`` positions, the maximum-likelihood estimate, unlike accepted /
+drafted which is biased low). ``c`` and ``v`` come from paired timings per batch
+bucket (:mod:`.costs`: a draft call with the target step right after it, a plain
+step with its verifying neighbours; buckets of rows 1, 2, 3-4, 5-8, ...; a band
+around the weight-size ratio), so a slow or fast spell of a shared machine moves
+neither.
 
-    S(a, k, c) = (1 - a^(k+1)) / ((1 - a) (k c + 1))
+Per domain and bucket the controller decides on or off and k:
 
-extended by one measured term, ``v = v(k)``: how much longer a target step that
-verifies k drafts per request takes than a plain one (the framework's verification
-path, the extra query tokens), as a fraction of a plain step::
-
-    S(a, k, c, v) = (1 - a^(k+1)) / ((1 - a) (k c + 1 + v))     for k >= 1
-
-Without ``v`` a poor draft sits exactly at break-even when ``a`` is about ``c``
-(k = 1), and switching it on there loses the verification cost every step.
-
-The controller keeps, per domain, a window of recent observations (one per request
-and step: drafted ``k``, accepted ``n``), from which it estimates ``a`` as
-accepted / tested positions (a position is tested when every earlier draft was
-accepted: ``n + (n < k)`` positions per observation, the maximum-likelihood
-estimate under the model, unlike accepted / drafted which is biased low). ``c`` is
-the measured cost of one draft forward divided by the measured time of a plain
-target step (or ``controller.draft_cost`` from the YAML); ``v`` compares the
-median target step that verified k drafts per request with the median plain one
-at the same batch size (or ``controller.verify_overhead``; 0 until both kinds
-have been seen).
-
-A domain's k is the ``k`` in ``0..k_max`` with the largest ``S``; ``k = 0`` (off)
-when no ``k >= 1`` reaches ``min_speedup`` (break-even by default) or the windowed
-acceptance is below ``min_acceptance``. An off domain drafts ``probe_k`` tokens
-for one of its requests once every ``probe_interval`` of its steps, so that a change
-in acceptance is seen at the cost of one short draft per interval.
-A domain whose draft model failed is off for good (state ``failed``).
+- **Hysteresis.** A domain that is on goes off when the best ``S`` over
+  ``k = 1..k_max`` is below ``min_speedup``; one that is off goes on when it
+  reaches ``min_speedup * (1 + hysteresis)``; either switch needs its condition in
+  ``switch_after`` consecutive decisions, so one odd step never flips it. While on,
+  k changes only for an ``S`` more than 1% above the current k's.
+- **Warm-up.** A domain drafts k_max until it has ``min_samples`` observations, a
+  measured ``c`` and (while calibration is on) a measured ``v``, waiting for ``v``
+  at most 32 steps. Then each bucket starts undecided: off at the first decision
+  below the band, on after ``switch_after`` decisions above it (meanwhile it
+  drafts as the nearest decided bucket does, or k_max). A bucket seen for the
+  first time later starts the same way.
+- **Calibration steps.** When some request would draft and the last
+  ``calibration_interval - 1`` timed steps of the bucket all verified drafts
+  (every other step until the bucket has 3 samples of ``v``), no request drafts:
+  that plain step's time against its verifying neighbours gives ``v``. Probes due
+  then wait for the next step. (With every domain of a batch off, plain steps
+  happen by themselves.)
+- **Probing.** An off domain drafts ``probe_k`` tokens for one of its requests
+  once every ``probe_interval`` of its steps. A domain whose draft model failed
+  is off for good (state ``failed``).
 """
 
 from __future__ import annotations
 
+import logging
 import math
-from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..config import ControllerConfig
+from .costs import MIN_PAIRS, StepCosts, batch_bucket, nearest
+from .speedup import best_k, expected_speedup, expected_tokens
 
 __all__ = [
     "AcceptanceWindow",
     "DomainController",
     "DomainState",
     "DomainStats",
-    "best_k",
+    "batch_bucket",  # re-exported from .costs
+    "best_k",  # re-exported from .speedup
     "expected_speedup",
     "expected_tokens",
 ]
 
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """Expected tokens per target step, ``(1 - a^(k+1)) / (1 - a)`` (= k + 1 at a = 1)."""
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1]; got {alpha}")
-    if k < 0:
-        raise ValueError(f"k must be >= 0; got {k}")
-    if alpha >= 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-def expected_speedup(alpha: float, k: int, c: float, overhead: float = 0.0) -> float:
-    """``S = (1 - a^(k+1)) / ((1 - a)(k c + 1 + v))`` with ``v = overhead``; 1.0 at k = 0."""
-    if c < 0:
-        raise ValueError(f"c must be >= 0; got {c}")
-    if overhead < 0:
-        raise ValueError(f"overhead must be >= 0; got {overhead}")
-    if k == 0:
-        return 1.0
-    return expected_tokens(alpha, k) / (k * c + 1.0 + overhead)
-
-
-def best_k(alpha: float, c: float, k_max: int, min_speedup: float = 1.0,
-           overhead: float | Callable[[int], float] = 0.0) -> tuple[int, float]:
-    """``(k, S)`` with the largest ``S`` over ``k`` in ``1..k_max``, or ``(0, 1.0)``
-    when none reaches ``min_speedup`` (ties go to the smaller k). ``overhead`` is v,
-    or a function giving v for each k."""
-    best, best_s = 0, 1.0
-    for k in range(1, k_max + 1):
-        s = expected_speedup(alpha, k, c, overhead(k) if callable(overhead) else overhead)
-        if s > best_s + 1e-12:
-            best, best_s = k, s
-    if best and best_s < min_speedup:
-        return 0, 1.0
-    return best, best_s
-
-
-#: step times kept per (batch size, drafts verified), such pairs kept, and the
-#: samples a pair needs before it counts towards v
-_BUCKET_SAMPLES, _MAX_BUCKETS, _MIN_BUCKET_SAMPLES = 32, 64, 3
-#: target steps between two recomputations of v from the step times
-_V_REFRESH_STEPS = 16
+#: a bucket with fewer than MIN_PAIRS samples of v calibrates every other step
+_EARLY_CALIBRATION = 2
+#: steps warm-up waits for a measured v at most (then v = 0 until measured)
+_WARMUP_WAIT = 32
+#: a new k must predict more than this much (relative) above the current k
+_K_MARGIN = 0.01
 
 
 class AcceptanceWindow:
@@ -157,7 +125,11 @@ class DomainState:
 
 @dataclass
 class DomainStats:
-    """Counters of one domain, as :meth:`DomainController.stats` returns them."""
+    """Counters of one domain, as :meth:`DomainController.stats` returns them.
+
+    ``state``, ``k``, ``cost_ratio``, ``verify_overhead``, ``target_step_ms`` and
+    ``verify_step_ms`` are those of the batch bucket of the last step (``bucket``).
+    """
 
     domain: str
     draft: str | None
@@ -169,13 +141,18 @@ class DomainStats:
     accepted: int = 0  #: draft tokens the target accepted
     alpha: float | None = None  #: windowed per-position acceptance
     acceptance_per_pos: list[float | None] = field(default_factory=list)
-    cost_ratio: float | None = None  #: c: one draft forward / one plain target step
+    cost_ratio: float | None = None  #: c used: one draft forward / one plain target step (paired, within the size band)
     verify_overhead: float | None = None  #: v at the current k (k = 1 when off): extra time of a verifying step / a plain one
     draft_forward_ms: float | None = None  #: median time of one batched draft forward (last 64 rounds)
-    target_step_ms: float | None = None  #: median time of one plain target step (between propose calls)
-    verify_step_ms: float | None = None  #: median time of a target step that verified drafts
+    target_step_ms: float | None = None  #: median time of one plain target step at this bucket
+    verify_step_ms: float | None = None  #: median time of a target step that verified drafts at this bucket
     expected_speedup: float | None = None
     error: str | None = None
+    bucket: int = 1  #: batch bucket of the last step: 1, 2, 4 (3-4 rows), 8 (5-8 rows) ...
+    cost_ratio_measured: float | None = None  #: the paired measurement of c, before the size band
+    cost_ratio_size: float | None = None  #: draft bytes / target bytes per forward (None: sizes unknown)
+    by_bucket: dict[int, tuple[str, int]] = field(default_factory=dict)  #: (state, k) per bucket decided so far
+    switches: int = 0  #: on/off switches so far, all buckets
 
     @property
     def acceptance_rate(self) -> float:
@@ -192,115 +169,93 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
 
 
+@dataclass
+class _Choice:
+    """A domain's decision at one batch bucket."""
+
+    state: str  #: ON, OFF, or WARMUP (not decided yet)
+    k: int
+    pending: int = 0  #: consecutive decisions that asked for the other state
+
+
 class _Domain:
     def __init__(self, name: str, draft: str | None, k_max: int, cfg: ControllerConfig):
         self.name, self.draft, self.k_max = name, draft, k_max
         self.window = AcceptanceWindow(cfg.window, k_max)
-        self.state = DomainState.NO_DRAFT if draft is None else (
-            DomainState.WARMUP if cfg.adaptive else DomainState.FIXED
+        # a state that does not depend on measurements, or None (adaptive)
+        self.fixed: str | None = DomainState.NO_DRAFT if draft is None else (
+            None if cfg.adaptive else DomainState.FIXED
         )
-        self.k = 0 if draft is None else k_max
-        self.steps = self.drafted = self.accepted = 0
+        self.warm = False  #: warm-up is over
+        self.warmup_steps = 0
+        self.choices: dict[int, _Choice] = {}  #: by batch bucket
+        self.steps = self.drafted = self.accepted = self.switches = 0
         self.idle_steps = 0  #: steps spent off since the last probe
         self.probed = False  #: a request of this domain probes in the current step
-        self.speedup: float | None = None
         self.error: str | None = None
 
 
 class DomainController:
-    """Chooses k per domain; learns from observed acceptance and measured costs.
+    """Chooses k per domain and batch bucket from acceptance and paired costs.
 
-    ``c`` is ``draft_time / target_time`` where ``draft_time`` is the median time of
-    one batched draft forward of the domain's draft model and ``target_time`` the
-    median time of one plain target step; ``v(k)`` is ``verify_time / target_time - 1``
-    with ``verify_time`` the median time of a target step that verified ``k`` drafts
-    per request, both taken at the same batch size (the median over the batch sizes
-    seen with both kinds of step; for a k never verified, the nearest k that was).
-    The proposer feeds them through :meth:`record_draft_time` and
-    :meth:`record_target_time`.
+    Per framework step, the proposer calls :meth:`record_step` (the target step that
+    just ran), :meth:`observe` per request, :meth:`step` with the new batch, then
+    :meth:`k_for` per request, :meth:`end_step`, and :meth:`record_draft` per draft
+    model that ran. ``target_bytes`` and :meth:`set_draft_bytes` give the weight
+    sizes of the plausibility band (optional). Methods taking ``rows`` read the
+    bucket of that batch size, by default the current step's.
     """
 
-    def __init__(self, cfg: ControllerConfig, drafts: dict[str, str | None], k_max: dict[str, int]):
+    def __init__(self, cfg: ControllerConfig, drafts: dict[str, str | None], k_max: dict[str, int], *,
+                 target_bytes: int | None = None, logger: logging.Logger | None = None):
         self.cfg = cfg
+        self.costs = StepCosts(cfg, target_bytes=target_bytes, logger=logger)
         self._domains = {name: _Domain(name, draft, k_max[name], cfg) for name, draft in drafts.items()}
-        self._draft_times: dict[str, deque[float]] = {}
-        self._target_times: deque[float] = deque(maxlen=64)  # plain steps
-        self._verify_times: deque[float] = deque(maxlen=64)  # steps that verified drafts
-        # per (rows, k): a step's time grows with its batch and, on some hardware,
-        # with the drafts it verifies; plain (k = 0) and verifying steps are only
-        # compared at equal batch sizes, and v is kept per k
-        self._steps: OrderedDict[tuple[int, int], deque[float]] = OrderedDict()
-        # v(k) from those, recomputed every _V_REFRESH_STEPS steps (not on every call)
-        self._v_by_k: dict[int, float] | None = None
-        self._steps_since_v = 0
+        self._bucket = 1  #: bucket of the current step
+        self.calibrating = False  #: the current step drafts nothing, to time a plain step
 
     # ---------------------------------------------------------------- measurement
 
-    def record_draft_time(self, draft: str, seconds_per_forward: float) -> None:
-        self._draft_times.setdefault(draft, deque(maxlen=64)).append(seconds_per_forward)
+    def set_target_bytes(self, nbytes: int | None) -> None:
+        """Bytes of weights one target forward reads (the sum of its parameters' will do)."""
+        self.costs.target_bytes = nbytes
 
-    def record_target_time(self, seconds: float, k: int = 0, rows: int = 1) -> None:
-        """One target step of ``rows`` requests took ``seconds``; it verified up to
-        ``k`` drafts per request (0: a plain step)."""
-        (self._verify_times if k else self._target_times).append(seconds)
-        key = (rows, k)
-        bucket = self._steps.get(key)
-        if bucket is None:
-            bucket = self._steps[key] = deque(maxlen=_BUCKET_SAMPLES)
-            if len(self._steps) > _MAX_BUCKETS:
-                self._steps.popitem(last=False)
-        self._steps.move_to_end(key)
-        bucket.append(seconds)
-        self._steps_since_v += 1
+    def set_draft_bytes(self, draft: str, nbytes: int) -> None:
+        """Bytes of weights one forward of ``draft`` reads (the embedding table excluded)."""
+        self.costs.draft_bytes[draft] = nbytes
 
-    def draft_forward_s(self, domain: str) -> float | None:
-        # the median, like the target step: a one-off slow first forward (allocation,
-        # first-call warm-up) must not make a good draft look expensive for 64 rounds
-        times = self._draft_times.get(self._domains[domain].draft or "")
-        return sorted(times)[len(times) // 2] if times else None
+    def record_draft(self, draft: str, rows: int, seconds_per_forward: float) -> None:
+        """This call drafted with ``draft`` for ``rows`` requests, ``seconds_per_forward``
+        per forward (paired with the step the next :meth:`record_step` reports)."""
+        self.costs.record_draft(draft, rows, seconds_per_forward)
 
-    @staticmethod
-    def _median(times: deque[float]) -> float | None:
-        return sorted(times)[len(times) // 2] if times else None
+    def record_step(self, seconds: float | None, rows: int, drafted_tokens: int) -> None:
+        """The target step since the last call decoded ``rows`` requests and verified
+        ``drafted_tokens`` drafts in all (0: plain) in ``seconds`` (``None``: not
+        comparable, e.g. it ran a prefill)."""
+        self.costs.record_step(seconds, rows, drafted_tokens)
 
-    def target_step_s(self) -> float | None:
-        """Median plain target step (a verifying one until a plain one is seen)."""
-        return self._median(self._target_times) or self._median(self._verify_times)
+    def _bucket_of(self, rows: int | None) -> int:
+        return self._bucket if rows is None else batch_bucket(rows)
 
-    def verify_step_s(self) -> float | None:
-        return self._median(self._verify_times)
+    def _draft_of(self, domain: str) -> str:
+        return self._domains[domain].draft or ""
 
-    def verify_overhead(self, k: int = 1) -> float:
-        """v for verifying ``k`` drafts per request: configured, or measured (the
-        nearest measured k; 0 until a plain and a verifying step of one batch size
-        have been timed)."""
-        if self.cfg.verify_overhead is not None:
-            return self.cfg.verify_overhead
-        # until something is measured, every new step may complete a pair: look again
-        stale = self._steps_since_v >= (_V_REFRESH_STEPS if self._v_by_k else 1)
-        if self._v_by_k is None or stale:
-            self._v_by_k, self._steps_since_v = self._measure_verify_overhead(), 0
-        if not self._v_by_k:
-            return 0.0
-        return self._v_by_k[min(self._v_by_k, key=lambda j: (abs(j - k), j))]
+    def verify_overhead(self, k: int = 1, rows: int | None = None) -> float:
+        """v for verifying ``k`` drafts per request: configured, or measured (0 until then)."""
+        return self.costs.verify_overhead(k, self._bucket_of(rows))
 
-    def _measure_verify_overhead(self) -> dict[int, float]:
-        """{k: v(k)} for every k measured at a batch size that also has plain steps."""
-        ratios: dict[int, list[float]] = {}
-        for (rows, j), times in self._steps.items():
-            plain = self._steps.get((rows, 0))
-            if j and len(times) >= _MIN_BUCKET_SAMPLES and plain and len(plain) >= _MIN_BUCKET_SAMPLES:
-                ratios.setdefault(j, []).append(self._median(times) / self._median(plain))
-        return {j: max(0.0, sorted(r)[len(r) // 2] - 1.0) for j, r in ratios.items()}
+    def cost_ratio(self, domain: str, rows: int | None = None) -> float | None:
+        """c of ``domain``: configured, or paired and within the size band (``None`` until measured)."""
+        return self.costs.cost_ratio(self._draft_of(domain), self._bucket_of(rows))
 
-    def cost_ratio(self, domain: str) -> float | None:
-        """c for ``domain``: configured, or measured (``None`` until both are measured)."""
-        if self.cfg.draft_cost is not None:
-            return self.cfg.draft_cost
-        draft, target = self.draft_forward_s(domain), self.target_step_s()
-        if draft is None or not target:
-            return None
-        return draft / target
+    def measured_cost_ratio(self, domain: str, rows: int | None = None) -> float | None:
+        """The paired c of ``domain``, before the size band."""
+        return self.costs.measured_cost_ratio(self._draft_of(domain), self._bucket_of(rows))
+
+    def size_cost_ratio(self, domain: str) -> float | None:
+        """Draft bytes / target bytes per forward (``None``: sizes unknown)."""
+        return self.costs.size_cost_ratio(self._draft_of(domain))
 
     # -------------------------------------------------------------------- decisions
 
@@ -315,58 +270,110 @@ class DomainController:
         d.drafted += k
         d.accepted += accepted
 
-    def step(self) -> None:
-        """Re-decide every domain's k (called once per framework step)."""
+    def step(self, rows: int = 1, domains: Iterable[str] | None = None) -> None:
+        """Start a framework step of ``rows`` requests of ``domains`` (default: all):
+        re-decide every domain at this batch bucket; maybe make it a calibration step.
+        A step without requests decides nothing."""
+        self.calibrating = False
+        if rows <= 0:
+            return
+        self._bucket = b = batch_bucket(rows)
         for d in self._domains.values():
-            self._decide(d)
+            self._decide(d, b)
+        names = self._domains if domains is None else domains
+        self.calibrating = self._calibration_due(b) and any(self._state(self._domains[n], b)[1] for n in names)
 
-    def _decide(self, d: _Domain) -> None:
-        if d.state in (DomainState.NO_DRAFT, DomainState.FAILED, DomainState.FIXED):
+    def _calibration_due(self, bucket: int) -> bool:
+        interval = self.cfg.calibration_interval
+        if not interval or not self.cfg.adaptive or self.cfg.verify_overhead is not None:
+            return False
+        if self.costs.overhead_samples(bucket) < MIN_PAIRS:
+            interval = min(interval, _EARLY_CALIBRATION)
+        return self.costs.steps_since_plain(bucket) >= interval - 1
+
+    def _overhead_known(self, d: _Domain) -> bool:
+        """v is configured, measured at some bucket, or will not be (or not soon)."""
+        return (self.cfg.verify_overhead is not None or not self.cfg.calibration_interval
+                or self.costs.overhead_samples() >= MIN_PAIRS or d.warmup_steps > _WARMUP_WAIT)
+
+    def _decide(self, d: _Domain, bucket: int) -> None:
+        if d.fixed is not None:
             return
-        alpha = d.window.alpha
-        c = self.cost_ratio(d.name)
-        if alpha is None or len(d.window) < self.cfg.min_samples or c is None:
-            d.state, d.k = DomainState.WARMUP, d.k_max
+        alpha, c = d.window.alpha, self.cost_ratio(d.name)
+        if not d.warm:
+            d.warmup_steps += 1
+            if alpha is None or len(d.window) < self.cfg.min_samples or c is None or not self._overhead_known(d):
+                return
+            d.warm = True
+        speedups = [expected_speedup(alpha, k, c, self.verify_overhead(k) if k else 0.0) for k in range(d.k_max + 1)]
+        k = max(range(1, d.k_max + 1), key=lambda j: (speedups[j], -j))
+        s = speedups[k] if alpha >= self.cfg.min_acceptance else 0.0
+        choice = d.choices.setdefault(bucket, _Choice(DomainState.WARMUP, 0))
+        is_on, undecided = choice.state == DomainState.ON, choice.state == DomainState.WARMUP
+        want_on = s >= self.cfg.min_speedup * (1.0 if is_on else 1.0 + self.cfg.hysteresis)
+        if want_on == is_on and not undecided:
+            choice.pending = 0
+            if is_on and k != choice.k and speedups[k] > speedups[choice.k] * (1.0 + _K_MARGIN):
+                choice.k = k
             return
-        k, s = best_k(alpha, c, d.k_max, self.cfg.min_speedup, self.verify_overhead)
-        if alpha < self.cfg.min_acceptance:
-            k, s = 0, 1.0
-        d.speedup = s if k else expected_speedup(alpha, 1, c, self.verify_overhead(1))
-        if k:
-            d.state, d.k, d.idle_steps = DomainState.ON, k, 0
-        else:
-            d.state, d.k = DomainState.OFF, 0
+        choice.pending += 1
+        # undecided -> off at once: drafting k_max for a poor draft is the costly mistake
+        if choice.pending >= self.cfg.switch_after or undecided and not want_on:
+            d.switches += not undecided
+            choice.state, choice.k, choice.pending = (DomainState.ON, k, 0) if want_on else (DomainState.OFF, 0, 0)
+            d.idle_steps = 0
+
+    def _state(self, d: _Domain, bucket: int) -> tuple[str, int]:
+        """(state, k) of ``d`` at ``bucket`` (undecided: the nearest decided bucket's, or warm-up)."""
+        if d.fixed is not None:
+            return d.fixed, d.k_max if d.fixed == DomainState.FIXED else 0
+        near = nearest((b for b, ch in d.choices.items() if ch.state != DomainState.WARMUP), bucket)
+        if near is None:
+            return DomainState.WARMUP, d.k_max
+        choice = d.choices[near]
+        return choice.state, choice.k
+
+    def state(self, domain: str, rows: int | None = None) -> tuple[str, int]:
+        """(state, k) of ``domain`` at batch size ``rows``, probes and calibration aside."""
+        return self._state(self._domains[domain], self._bucket_of(rows))
 
     def k_for(self, domain: str) -> int:
-        """Tokens to draft this step for a request of ``domain`` (probes included).
+        """Tokens to draft this step for a request of ``domain`` (probes included; 0 in a
+        calibration step).
 
         An off domain's probe goes to the first of its requests asked for in a step;
         the others draft nothing. Call :meth:`end_step` once per framework step after
         the last ``k_for``.
         """
+        if self.calibrating:
+            return 0
         d = self._domains[domain]
-        if d.state == DomainState.OFF:
+        state, k = self._state(d, self._bucket)
+        if state == DomainState.OFF:
             if d.probed or d.idle_steps + 1 < self.cfg.probe_interval:
                 return 0
             d.probed = True
             return min(self.cfg.probe_k, d.k_max)
-        return d.k
+        return k
 
     def end_step(self, domains_seen: set[str]) -> None:
-        """Count a step of every off domain that had requests (towards its next probe)."""
+        """Count a step of every off domain that had requests (towards its next probe);
+        a calibration step does not count."""
         for d in self._domains.values():
             d.probed = False
+        if self.calibrating:
+            return
         for name in domains_seen:
             d = self._domains[name]
-            if d.state == DomainState.OFF:
+            if self._state(d, self._bucket)[0] == DomainState.OFF:
                 d.idle_steps = 0 if d.idle_steps + 1 >= self.cfg.probe_interval else d.idle_steps + 1
 
     def fail(self, draft: str, error: str) -> list[str]:
         """Switch off every domain served by ``draft``; returns their names."""
         names = []
         for d in self._domains.values():
-            if d.draft == draft and d.state != DomainState.FAILED:
-                d.state, d.k, d.error = DomainState.FAILED, 0, error
+            if d.draft == draft and d.fixed != DomainState.FAILED:
+                d.fixed, d.error = DomainState.FAILED, error
                 names.append(d.name)
         return names
 
@@ -374,20 +381,22 @@ class DomainController:
 
     def stats(self) -> dict[str, DomainStats]:
         out = {}
+        b = self._bucket
         for d in self._domains.values():
-            v = self.verify_overhead(max(d.k, 1))
+            state, k = self._state(d, b)
+            v = self.verify_overhead(max(k, 1))
             c = self.cost_ratio(d.name)
             alpha = d.window.alpha
-            speedup = None
-            if alpha is not None and c is not None:
-                speedup = expected_speedup(alpha, d.k, c, v)
+            speedup = None if alpha is None or c is None else expected_speedup(alpha, k, c, v)
             out[d.name] = DomainStats(
-                domain=d.name, draft=d.draft, state=d.state, k=d.k, k_max=d.k_max,
+                domain=d.name, draft=d.draft, state=state, k=k, k_max=d.k_max,
                 steps=d.steps, drafted=d.drafted, accepted=d.accepted, alpha=alpha,
                 acceptance_per_pos=d.window.per_position(), cost_ratio=c, verify_overhead=v,
-                draft_forward_ms=_ms(self.draft_forward_s(d.name)), target_step_ms=_ms(self.target_step_s()),
-                verify_step_ms=_ms(self.verify_step_s()),
-                expected_speedup=speedup, error=d.error,
+                draft_forward_ms=_ms(self.costs.draft_forward_s(self._draft_of(d.name))),
+                target_step_ms=_ms(self.costs.target_step_s(b)), verify_step_ms=_ms(self.costs.verify_step_s(b)),
+                expected_speedup=speedup, error=d.error, bucket=b,
+                cost_ratio_measured=self.measured_cost_ratio(d.name), cost_ratio_size=self.size_cost_ratio(d.name),
+                by_bucket={bk: (ch.state, ch.k) for bk, ch in sorted(d.choices.items())}, switches=d.switches,
             )
         return out
 
@@ -399,8 +408,11 @@ class DomainController:
             c = "n/a" if s.cost_ratio is None else f"{s.cost_ratio:.3f}"
             v = "n/a" if s.verify_overhead is None else f"{s.verify_overhead:.3f}"
             sp = "n/a" if s.expected_speedup is None or math.isnan(s.expected_speedup) else f"{s.expected_speedup:.2f}x"
+            per_batch = ""
+            if len(s.by_bucket) > 1:
+                per_batch = " k_by_batch=" + ",".join(f"{b}:{k}" for b, (_, k) in s.by_bucket.items())
             parts.append(
-                f"{s.domain}: state={s.state} k={s.k}/{s.k_max} drafted={s.drafted} "
-                f"accepted={s.accepted} alpha={alpha} c={c} v={v} S={sp}"
+                f"{s.domain}: state={s.state} k={s.k}/{s.k_max} batch<={s.bucket} drafted={s.drafted} "
+                f"accepted={s.accepted} alpha={alpha} c={c} v={v} S={sp}{per_batch}"
             )
         return "; ".join(parts)

@@ -14,11 +14,10 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from ..speculative.speedup import best_k, expected_speedup
 from . import TuningError
 from .acceptance import (
-    best_k,
     break_even_alpha,
-    expected_speedup,
     greedy_continuation,
     match_flags,
     measure_step_ms,

@@ -1,4 +1,7 @@
-"""The acceptance controller against the speedup formula; probing; failure."""
+"""The speedup model (:mod:`.speedup`), the acceptance window, and the controller's
+decisions: warm-up, per batch bucket, hysteresis, calibration steps, probing,
+failure. Paired timings: test_costs.py; whole traces with slow and fast spells:
+test_controller_traces.py."""
 
 from __future__ import annotations
 
@@ -9,14 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accel_plugin.config import ControllerConfig
-from accel_plugin.speculative.controller import (
-    AcceptanceWindow,
-    DomainController,
-    DomainState,
-    best_k,
-    expected_speedup,
-    expected_tokens,
-)
+from accel_plugin.speculative import controller as controller_module
+from accel_plugin.speculative.controller import AcceptanceWindow, DomainController, DomainState
+from accel_plugin.speculative.speedup import best_k, expected_speedup, expected_tokens
 
 
 def reference_speedup(alpha, k, c):
@@ -107,134 +105,6 @@ def test_window_estimate_recovers_alpha(alpha, k):
     assert w.alpha == pytest.approx(alpha, abs=0.01)
 
 
-def controller(adaptive=True, k_max=4, **kw):
-    cfg = ControllerConfig(adaptive=adaptive, min_samples=4, window=64, probe_interval=5, **kw)
-    return DomainController(cfg, {"a": "/draft", "none": None}, {"a": k_max, "none": k_max})
-
-
-def feed(ctl, domain, k, n, times=10):
-    for _ in range(times):
-        ctl.observe(domain, k, n)
-
-
-def test_warmup_then_choice_follows_formula():
-    ctl = controller()
-    ctl.step()
-    assert ctl.k_for("a") == 4 and ctl.stats()["a"].state == DomainState.WARMUP
-    ctl.record_draft_time("/draft", 0.001)
-    ctl.record_target_time(0.010)  # c = 0.1
-    feed(ctl, "a", 4, 2)  # tested 3, accepted 2 -> alpha = 2/3
-    ctl.step()
-    alpha = 2 / 3
-    expect_k, _ = best_k(alpha, 0.1, 4)
-    assert ctl.k_for("a") == expect_k
-    s = ctl.stats()["a"]
-    assert s.state == DomainState.ON and s.alpha == pytest.approx(alpha) and s.cost_ratio == pytest.approx(0.1)
-    assert s.drafted == 40 and s.accepted == 20 and s.steps == 10
-
-
-def test_domain_without_draft_never_drafts():
-    ctl = controller()
-    ctl.step()
-    assert ctl.k_for("none") == 0 and ctl.stats()["none"].state == DomainState.NO_DRAFT
-
-
-def test_poor_draft_is_switched_off_and_probed():
-    ctl = controller()
-    ctl.record_draft_time("/draft", 0.002)
-    ctl.record_target_time(0.010)  # c = 0.2
-    feed(ctl, "a", 4, 0)
-    ctl.step()
-    assert ctl.stats()["a"].state == DomainState.OFF
-    ks = []
-    for _ in range(10):
-        ks.append(ctl.k_for("a"))
-        ctl.end_step({"a"})
-        ctl.step()
-    assert ks == [0, 0, 0, 0, 1, 0, 0, 0, 0, 1]  # one probe every probe_interval=5 steps
-
-
-def test_off_domain_recovers_when_acceptance_improves():
-    ctl = controller()
-    ctl.record_draft_time("/draft", 0.001)
-    ctl.record_target_time(0.010)
-    feed(ctl, "a", 4, 0, times=8)
-    ctl.step()
-    assert ctl.k_for("a") == 0
-    feed(ctl, "a", 1, 1, times=64)  # probes all accepted; the window forgets the bad past
-    ctl.step()
-    assert ctl.k_for("a") == 4 and ctl.stats()["a"].state == DomainState.ON
-
-
-def test_steps_of_other_domains_do_not_count_towards_probes():
-    ctl = controller()
-    ctl.record_draft_time("/draft", 0.002)
-    ctl.record_target_time(0.010)
-    feed(ctl, "a", 4, 0)
-    ctl.step()
-    for _ in range(20):
-        ctl.end_step({"none"})
-    assert ctl.k_for("a") == 0
-
-
-def test_min_acceptance_overrides_formula():
-    ctl = controller(min_acceptance=0.8)
-    ctl.record_draft_time("/draft", 0.0001)
-    ctl.record_target_time(0.010)
-    feed(ctl, "a", 4, 2)  # alpha 2/3 would pay at c = 0.01
-    ctl.step()
-    assert ctl.k_for("a") == 0
-
-
-def test_fixed_k_when_not_adaptive():
-    ctl = controller(adaptive=False)
-    ctl.record_draft_time("/draft", 0.005)
-    ctl.record_target_time(0.010)
-    feed(ctl, "a", 4, 0, times=50)
-    ctl.step()
-    assert ctl.k_for("a") == 4 and ctl.stats()["a"].state == DomainState.FIXED
-
-
-def test_configured_draft_cost_replaces_measurement():
-    ctl = controller(draft_cost=0.05)
-    assert ctl.cost_ratio("a") == 0.05
-    feed(ctl, "a", 4, 3)
-    ctl.step()
-    assert ctl.stats()["a"].state == DomainState.ON
-
-
-def test_target_time_is_a_median_robust_to_idle_gaps():
-    ctl = controller()
-    ctl.record_draft_time("/draft", 0.001)
-    for t in [0.01] * 10 + [5.0]:
-        ctl.record_target_time(t)
-    assert ctl.cost_ratio("a") == pytest.approx(0.1)
-
-
-def test_failure_switches_domain_off_for_good():
-    ctl = controller()
-    assert ctl.fail("/draft", "RuntimeError: boom") == ["a"]
-    feed(ctl, "a", 1, 1, times=100)
-    ctl.step()
-    s = ctl.stats()["a"]
-    assert ctl.k_for("a") == 0 and s.state == DomainState.FAILED and "boom" in s.error
-    assert ctl.fail("/draft", "again") == []
-
-
-def test_summary_mentions_each_domain():
-    ctl = controller()
-    text = ctl.summary()
-    assert "a: state=warmup k=4/4" in text and "none: state=no-draft" in text
-
-
-def test_stats_rates():
-    ctl = controller()
-    feed(ctl, "a", 4, 2, times=3)
-    s = ctl.stats()["a"]
-    assert s.acceptance_rate == 0.5 and s.mean_acceptance_length == 3.0
-    assert not math.isnan(s.alpha)
-
-
 @given(st.floats(0, 1), st.integers(1, 12), st.floats(0, 2), st.floats(0, 2))
 def test_verify_overhead_adds_to_the_denominator(alpha, k, c, v):
     assert expected_speedup(alpha, k, c, v) == pytest.approx(
@@ -251,54 +121,318 @@ def test_break_even_moves_up_by_the_verify_overhead():
     assert best_k(0.2, 0.05, 5, overhead=0.1)[0] >= 1
 
 
-def test_verify_overhead_is_measured_at_equal_batch_sizes():
-    ctl = controller()
-    assert ctl.verify_overhead() == 0.0  # nothing measured yet
-    for _ in range(5):
-        ctl.record_target_time(0.010, k=0, rows=1)
-        ctl.record_target_time(0.030, k=0, rows=8)
-        ctl.record_target_time(0.013, k=1, rows=1)
-    assert ctl.verify_overhead() == pytest.approx(0.3)
-    # verifying steps only at a batch size with no plain steps: nothing to compare with
-    ctl = controller()
-    for _ in range(5):
-        ctl.record_target_time(0.010, k=0, rows=1)
-        ctl.record_target_time(0.030, k=1, rows=8)
-    assert ctl.verify_overhead() == 0.0
-    # c uses plain steps: a verifying step is not the unit of the formula
-    ctl.record_draft_time("/draft", 0.001)
-    assert ctl.cost_ratio("a") == pytest.approx(0.1)
+def test_the_controller_module_still_exports_the_math():
+    assert controller_module.best_k is best_k
+    assert controller_module.expected_speedup is expected_speedup
+    assert controller_module.expected_tokens is expected_tokens
 
 
-def test_measured_verify_overhead_keeps_a_marginal_draft_off():
+# ------------------------------------------------------------------ the controller
+
+def controller(adaptive=True, k_max=4, target_bytes=None, **kw):
+    """Decisions without hysteresis or calibration unless a test asks for them."""
+    kw = {"hysteresis": 0.0, "switch_after": 1, "calibration_interval": 0, **kw}
+    cfg = ControllerConfig(adaptive=adaptive, min_samples=4, window=64, probe_interval=5, **kw)
+    return DomainController(cfg, {"a": "/draft", "none": None}, {"a": k_max, "none": k_max},
+                            target_bytes=target_bytes)
+
+
+def feed(ctl, domain, k, n, times=10):
+    for _ in range(times):
+        ctl.observe(domain, k, n)
+
+
+def paired(ctl, draft_s, step_s, *, times=5):
+    """``times`` calls that draft (``draft_s`` per forward), each followed by the target
+    step that verifies the drafts (``step_s``): c = draft_s / step_s while v is unknown."""
+    for _ in range(times):
+        ctl.record_draft("/draft", 1, draft_s)
+        ctl.record_step(step_s, 1, 1)
+
+
+def test_warmup_then_choice_follows_formula():
     ctl = controller()
-    ctl.record_draft_time("/draft", 0.0005)  # c = 0.05
-    for _ in range(5):
-        ctl.record_target_time(0.010, k=0, rows=1)
-    feed(ctl, "a", 1, 0, times=9)
-    feed(ctl, "a", 1, 1, times=1)  # alpha 0.1 > c: worth it if verifying were free
     ctl.step()
-    assert ctl.stats()["a"].state == DomainState.ON and ctl.k_for("a") == 1
+    assert ctl.k_for("a") == 4 and ctl.stats()["a"].state == DomainState.WARMUP
+    paired(ctl, 0.001, 0.010)  # c = 0.1 (nothing known of v: 0)
+    feed(ctl, "a", 4, 2)  # tested 3, accepted 2 -> alpha = 2/3
+    ctl.step()
+    alpha = 2 / 3
+    expect_k, _ = best_k(alpha, 0.1, 4)
+    assert ctl.k_for("a") == expect_k
+    s = ctl.stats()["a"]
+    assert s.state == DomainState.ON and s.alpha == pytest.approx(alpha) and s.cost_ratio == pytest.approx(0.1)
+    assert s.drafted == 40 and s.accepted == 20 and s.steps == 10
+    assert s.draft_forward_ms == pytest.approx(1.0) and s.verify_step_ms == pytest.approx(10.0)
+    assert s.bucket == 1 and s.by_bucket == {1: (DomainState.ON, expect_k)}
+
+
+def test_domain_without_draft_never_drafts():
+    ctl = controller()
+    ctl.step()
+    assert ctl.k_for("none") == 0 and ctl.stats()["none"].state == DomainState.NO_DRAFT
+
+
+def test_warmup_waits_for_a_measured_cost():
+    ctl = controller()
+    feed(ctl, "a", 4, 0)
+    ctl.step()
+    assert ctl.stats()["a"].state == DomainState.WARMUP  # acceptance known, c not
+    paired(ctl, 0.002, 0.010, times=2)
+    ctl.step()
+    assert ctl.stats()["a"].state == DomainState.WARMUP  # fewer pairs than a median needs
+    paired(ctl, 0.002, 0.010, times=1)
+    ctl.step()
+    assert ctl.stats()["a"].state == DomainState.OFF
+
+
+def test_poor_draft_is_switched_off_and_probed():
+    ctl = controller()
+    paired(ctl, 0.002, 0.010)  # c = 0.2
+    feed(ctl, "a", 4, 0)
+    ctl.step()
+    assert ctl.stats()["a"].state == DomainState.OFF
+    ks = []
+    for _ in range(10):
+        ks.append(ctl.k_for("a"))
+        ctl.end_step({"a"})
+        ctl.step()
+    assert ks == [0, 0, 0, 0, 1, 0, 0, 0, 0, 1]  # one probe every probe_interval=5 steps
+
+
+def test_off_domain_recovers_when_acceptance_improves():
+    ctl = controller()
+    paired(ctl, 0.001, 0.010)
+    feed(ctl, "a", 4, 0, times=8)
+    ctl.step()
+    assert ctl.k_for("a") == 0
+    feed(ctl, "a", 1, 1, times=64)  # probes all accepted; the window forgets the bad past
+    ctl.step()
+    assert ctl.k_for("a") == 4 and ctl.stats()["a"].state == DomainState.ON
+    assert ctl.stats()["a"].switches == 1
+
+
+def test_steps_of_other_domains_do_not_count_towards_probes():
+    ctl = controller()
+    paired(ctl, 0.002, 0.010)
+    feed(ctl, "a", 4, 0)
+    ctl.step()
+    for _ in range(20):
+        ctl.end_step({"none"})
+    assert ctl.k_for("a") == 0
+
+
+def test_min_acceptance_overrides_formula():
+    ctl = controller(min_acceptance=0.8)
+    paired(ctl, 0.0001, 0.010)
+    feed(ctl, "a", 4, 2)  # alpha 2/3 would pay at c = 0.01
+    ctl.step()
+    assert ctl.k_for("a") == 0
+
+
+def test_fixed_k_when_not_adaptive():
+    ctl = controller(adaptive=False, calibration_interval=4)
+    paired(ctl, 0.005, 0.010)
+    feed(ctl, "a", 4, 0, times=50)
+    for _ in range(10):
+        ctl.step()
+        assert ctl.k_for("a") == 4 and not ctl.calibrating  # a fixed k is never interrupted
+    assert ctl.stats()["a"].state == DomainState.FIXED
+
+
+def test_configured_draft_cost_replaces_measurement():
+    ctl = controller(draft_cost=0.05)
+    assert ctl.cost_ratio("a") == 0.05
+    feed(ctl, "a", 4, 3)
+    ctl.step()
+    assert ctl.stats()["a"].state == DomainState.ON
+
+
+def test_no_calibration_with_a_configured_verify_overhead():
+    ctl = controller(verify_overhead=0.5, calibration_interval=4)
+    paired(ctl, 0.001, 0.010)
+    assert ctl.verify_overhead(3) == 0.5 and ctl.cost_ratio("a") == pytest.approx(0.15)
+    for _ in range(10):
+        ctl.step()
+        assert not ctl.calibrating
+
+
+def run_steps(ctl, n, *, rows=1, domains=("a",), draft_s=0.001):
+    """Drive ``ctl`` as the proposer does for ``n`` steps; returns the calibration flags."""
+    flags = []
+    for _ in range(n):
+        ctl.step(rows, set(domains))
+        ks = [ctl.k_for(d) for d in domains for _ in range(rows // len(domains))]
+        flags.append(ctl.calibrating)
+        ctl.end_step(set(domains))
+        if sum(ks):
+            ctl.record_draft("/draft", rows, draft_s)
+        ctl.record_step(0.010 * (1 + 0.05 * sum(ks) / rows), rows, sum(ks))
+        feed(ctl, "a", max(ks, default=0), 0, times=1) if max(ks, default=0) else None
+    return flags
+
+
+def test_calibration_steps_draft_nothing_now_and_then():
+    ctl = controller(calibration_interval=8, draft_cost=0.01)
+    feed(ctl, "a", 4, 4, times=64)  # a good draft: always on
+    flags = run_steps(ctl, 40)
+    # every other step until three samples of v, then one step in 8
+    assert [i for i, f in enumerate(flags) if f] == [1, 3, 11, 19, 27, 35]
+    assert ctl.verify_overhead(1) == pytest.approx(0.05)
+    assert ctl.stats()["a"].state == DomainState.ON
+    # warm-up waits for v (two calibrations), then none while the domain is off: its
+    # plain steps happen by themselves
+    ctl = controller(calibration_interval=8, draft_cost=0.01)
+    feed(ctl, "a", 4, 0, times=64)
+    assert [i for i, f in enumerate(run_steps(ctl, 40)) if f] == [1, 3]
+    assert ctl.stats()["a"].state == DomainState.OFF
+    # 0: never
+    ctl = controller(calibration_interval=0, draft_cost=0.01)
+    feed(ctl, "a", 4, 4, times=64)
+    assert not any(run_steps(ctl, 40))
+
+
+def test_a_calibration_step_delays_a_probe():
+    ctl = controller(calibration_interval=4, draft_cost=0.2)
+    for seconds, drafted in [(0.011, 1), (0.010, 0)] * 2:  # v known: warm-up need not wait
+        ctl.record_step(seconds, 1, drafted)
+    feed(ctl, "a", 4, 0)
+    ctl.step()
+    assert ctl.stats()["a"].state == DomainState.OFF
+    ctl.calibrating = True  # as if a drafting domain shared the batch
+    for _ in range(10):
+        assert ctl.k_for("a") == 0
+        ctl.end_step({"a"})
+    ctl.calibrating = False
+    ks = []
     for _ in range(5):
-        ctl.record_target_time(0.012, k=1, rows=1)  # v = 0.2
+        ks.append(ctl.k_for("a"))
+        ctl.end_step({"a"})
+    assert ks == [0, 0, 0, 0, 1]  # calibration steps did not count towards the probe
+
+
+def test_stats_report_the_measured_and_the_size_based_cost_ratio():
+    ctl = controller(verify_overhead=0.0, target_bytes=1000)
+    ctl.set_draft_bytes("/draft", 10)  # c_size = 0.01: plausible 0.0025 .. 0.04
+    paired(ctl, 0.001, 0.010)  # measured 0.1
+    s = ctl.stats()["a"]
+    assert s.cost_ratio == pytest.approx(0.04) and s.cost_ratio_measured == pytest.approx(0.1)
+    assert s.cost_ratio_size == pytest.approx(0.01)
+    ctl.set_target_bytes(None)
+    assert ctl.stats()["a"].cost_ratio == pytest.approx(0.1) and ctl.stats()["a"].cost_ratio_size is None
+
+
+def set_alpha(ctl, accepted_of_64):
+    """Fill the 64-observation window with k = 1 observations: alpha = accepted / 64."""
+    for i in range(64):
+        ctl.observe("a", 1, int(i < accepted_of_64))
+
+
+def hysteresis_controller(**kw):
+    # k_max 1, c = 0.1, v = 0: S = (1 + alpha) / 1.1; break-even at alpha = 0.1, 1.05 at 0.155
+    return controller(k_max=1, draft_cost=0.1, verify_overhead=0.0, **kw)
+
+
+def test_hysteresis_band_between_off_and_on():
+    ctl = hysteresis_controller(hysteresis=0.05)
+    set_alpha(ctl, 8)  # alpha 0.125: S = 1.023, inside the band
+    ctl.step()
+    assert ctl.state("a") == (DomainState.OFF, 0)  # leaving warm-up needs S >= 1.05 to go on
+    set_alpha(ctl, 13)  # S = 1.094
+    ctl.step()
+    assert ctl.state("a") == (DomainState.ON, 1)
+    set_alpha(ctl, 8)  # back inside the band: stays on
+    ctl.step()
+    assert ctl.state("a") == (DomainState.ON, 1)
+    set_alpha(ctl, 5)  # S = 0.98
+    ctl.step()
+    assert ctl.state("a") == (DomainState.OFF, 0)
+    set_alpha(ctl, 8)
+    ctl.step()
+    assert ctl.state("a") == (DomainState.OFF, 0)
+    assert ctl.stats()["a"].switches == 2
+
+
+def test_a_switch_needs_consecutive_decisions():
+    ctl = hysteresis_controller(switch_after=3)
+    set_alpha(ctl, 13)
+    for _ in range(3):  # leaving warm-up for on takes 3 decisions (drafting k_max meanwhile)
+        assert ctl.state("a") == (DomainState.WARMUP, 1)
+        ctl.step()
+    assert ctl.state("a") == (DomainState.ON, 1)
+    for alpha in [5, 5, 13, 5, 5, 13]:  # two odd decisions in a row are not enough
+        set_alpha(ctl, alpha)
+        ctl.step()
+        assert ctl.state("a") == (DomainState.ON, 1)
+    for _ in range(3):
+        set_alpha(ctl, 5)
+        ctl.step()
+    assert ctl.state("a") == (DomainState.OFF, 0)
+    # leaving warm-up for off is immediate: drafting k_max for a poor draft is the costly mistake
+    ctl = hysteresis_controller(switch_after=3)
+    set_alpha(ctl, 0)
+    ctl.step()
+    assert ctl.state("a") == (DomainState.OFF, 0)
+
+
+def test_k_changes_only_for_a_clearly_better_speedup():
+    ctl = controller(draft_cost=0.1, verify_overhead=0.0)  # k_max 4
+    set_alpha(ctl, 32)  # 0.5: k = 2 is best
+    ctl.step()
+    assert ctl.state("a") == (DomainState.ON, 2)
+    set_alpha(ctl, 35)  # 0.547: k = 3 predicts 0.5% more than k = 2
+    ctl.step()
+    assert best_k(35 / 64, 0.1, 4)[0] == 3 and ctl.state("a") == (DomainState.ON, 2)
+    set_alpha(ctl, 39)  # 0.609: k = 3 predicts 2.5% more
+    ctl.step()
+    assert ctl.state("a") == (DomainState.ON, 3)
+
+
+def test_each_batch_bucket_has_its_own_state():
+    ctl = controller(draft_cost=0.05)
+    # u = 0.02 per draft token at batch 1, 0.3 at batch 8
+    for rows, t_plain, u in [(1, 0.010, 0.02), (8, 0.030, 0.3)]:
+        for drafted in [rows, 0, rows, 0]:
+            ctl.record_step(t_plain * (1 + u * drafted / rows), rows, drafted)
+    set_alpha(ctl, 19)  # 0.3: pays at batch 1 only ((1.3) / (1.05 + 0.3) < 1 at batch 8)
+    ctl.step(1, {"a"})
+    assert ctl.state("a") == (DomainState.ON, best_k(19 / 64, 0.05, 4, overhead=lambda k: 0.02 * k)[0])
+    assert ctl.state("a", rows=8) == ctl.state("a")  # not decided there yet: the nearest bucket's
+    ctl.step(6, {"a"})
+    assert ctl.state("a") == (DomainState.OFF, 0) and ctl.stats()["a"].bucket == 8
+    assert ctl.state("a", rows=1)[0] == DomainState.ON
+    assert ctl.state("a", rows=2)[0] == DomainState.ON and ctl.state("a", rows=4)[0] == DomainState.OFF
+    assert set(ctl.stats()["a"].by_bucket) == {1, 8}
+    assert "batch<=8" in ctl.summary() and "k_by_batch=1:" in ctl.summary()
+
+
+def test_failure_switches_domain_off_for_good():
+    ctl = controller()
+    assert ctl.fail("/draft", "RuntimeError: boom") == ["a"]
+    feed(ctl, "a", 1, 1, times=100)
     ctl.step()
     s = ctl.stats()["a"]
-    assert s.state == DomainState.OFF and s.verify_overhead == pytest.approx(0.2)
-    assert s.verify_step_ms == pytest.approx(12.0) and s.target_step_ms == pytest.approx(10.0)
+    assert ctl.k_for("a") == 0 and s.state == DomainState.FAILED and "boom" in s.error
+    assert ctl.fail("/draft", "again") == []
 
 
-def test_configured_verify_overhead_replaces_measurement():
-    ctl = controller(verify_overhead=0.5)
-    for _ in range(5):
-        ctl.record_target_time(0.010, k=0, rows=1)
-        ctl.record_target_time(0.010, k=1, rows=1)
-    assert ctl.verify_overhead() == 0.5
+def test_summary_mentions_each_domain():
+    ctl = controller()
+    text = ctl.summary()
+    assert "a: state=warmup k=4/4 batch<=1" in text and "none: state=no-draft" in text
+
+
+def test_stats_rates():
+    ctl = controller()
+    feed(ctl, "a", 4, 2, times=3)
+    s = ctl.stats()["a"]
+    assert s.acceptance_rate == 0.5 and s.mean_acceptance_length == 3.0
+    assert not math.isnan(s.alpha)
 
 
 def test_an_off_domain_probes_with_one_request_per_step():
     ctl = controller()
-    ctl.record_draft_time("/draft", 0.002)
-    ctl.record_target_time(0.010)
+    paired(ctl, 0.002, 0.010)
     feed(ctl, "a", 4, 0)
     ctl.step()
     per_step = []
@@ -309,19 +443,11 @@ def test_an_off_domain_probes_with_one_request_per_step():
     assert per_step == [[0, 0, 0]] * 4 + [[1, 0, 0]]
 
 
-def test_verify_overhead_is_kept_per_k():
-    """Verifying more drafts costs more on some hardware: v(k) comes from steps that
-    verified k drafts, or the nearest k that was measured."""
+def test_step_times_are_read_at_the_current_bucket():
     ctl = controller()
-    for _ in range(5):
-        ctl.record_target_time(0.010, k=0, rows=1)
-        ctl.record_target_time(0.011, k=1, rows=1)
-        ctl.record_target_time(0.015, k=4, rows=1)
-    assert ctl.verify_overhead(1) == pytest.approx(0.1)
-    assert ctl.verify_overhead(4) == pytest.approx(0.5)
-    assert ctl.verify_overhead(2) == pytest.approx(0.1)  # nearest measured k (ties: the smaller)
-    assert ctl.verify_overhead(3) == pytest.approx(0.5)
-    # best_k takes v per k: cheap verification up to k = 2 makes 2 the best here,
-    # where one v for every k (the k = 4 figure) would have chosen k = 4
-    assert best_k(0.5, 0.01, 4, overhead=ctl.verify_overhead)[0] == 2
-    assert best_k(0.5, 0.01, 4, overhead=0.5)[0] == 4
+    for rows, seconds in [(1, 0.010), (8, 0.030), (1, 0.012)]:
+        ctl.record_step(seconds, rows, 0)
+    ctl.step(7)
+    assert ctl.stats()["a"].target_step_ms == pytest.approx(30.0)
+    ctl.step(1)
+    assert ctl.stats()["a"].target_step_ms == pytest.approx(12.0)  # the median (upper middle)

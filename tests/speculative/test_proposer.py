@@ -311,21 +311,86 @@ def test_next_chat_turn_is_routed_on_its_own_prompt(proposer_for, target, target
     assert proposer.stats()["support"].drafted == drafted_for_a  # nothing drafted for B
 
 
-def test_target_steps_are_timed_by_kind_and_batch_size(proposer_for, target, target_dir, tokenizer, monkeypatch):
-    """Each target step is reported with whether it verified drafts and how many
-    requests it decoded: what the controller's verify overhead v is built from."""
+def recording(proposer, monkeypatch):
+    """Lists of the controller's record_step / record_draft calls and propose's outputs."""
+    calls = {"step": [], "draft": [], "out": []}
+    ctl = proposer.controller
+    for name, key in (("record_step", "step"), ("record_draft", "draft")):
+        real = getattr(ctl, name)
+        monkeypatch.setattr(ctl, name, lambda *a, real=real, key=key: (calls[key].append(a), real(*a))[1])
+    propose = proposer.propose
+    monkeypatch.setattr(proposer, "propose", lambda *a: (calls["out"].append(propose(*a)), calls["out"][-1])[1])
+    return calls
+
+
+def test_target_steps_are_reported_with_batch_and_drafts(proposer_for, target, target_dir, tokenizer, monkeypatch):
+    """Each target step is reported with the requests it decoded and the draft tokens
+    it verified (those proposed at the call before); each draft call with its time per
+    forward, which the controller pairs with the next step."""
     seen = {}
     for name, draft in (("drafting", target_dir), ("plain", "null")):
         proposer = proposer_for(f"num_speculative_tokens: 2\ndefault: {{draft: {draft}}}\n"
                                 "controller: {adaptive: false}\n")
-        calls = []
-        record = proposer.controller.record_target_time
-        monkeypatch.setattr(proposer.controller, "record_target_time",
-                            lambda s, k=0, rows=1, record=record, calls=calls:
-                            (calls.append((k, rows)), record(s, k, rows)))
+        calls = recording(proposer, monkeypatch)
         serve(proposer, target, [Request(p, 6) for p in prompts(tokenizer, TEXTS[:2])])
         seen[name] = calls
-    # every step after the first verifies up to 2 drafts (k_max; fewer near max_tokens)
-    assert seen["drafting"] and all(1 <= k <= 2 for k, _ in seen["drafting"]) and seen["drafting"][0][0] == 2
-    assert seen["drafting"][0][1] == 2  # both requests decoded in the first timed step
-    assert seen["plain"] and all(k == 0 for k, _ in seen["plain"])
+    drafting = seen["drafting"]
+    # one report per call after the first; drafted = the drafts the previous call returned
+    assert len(drafting["step"]) == len(drafting["out"]) - 1
+    for (seconds, rows, drafted), before in zip(drafting["step"], drafting["out"]):
+        assert drafted == sum(map(len, before)) and seconds is not None and seconds > 0
+    assert drafting["step"][0][1:] == (2, 4)  # both requests decoded, 2 drafts each verified
+    assert [d for d, _, _ in drafting["draft"]] == [str(target_dir)] * len(drafting["draft"])
+    assert drafting["draft"][0][1] == 2 and all(spf > 0 for _, _, spf in drafting["draft"])
+    assert seen["plain"]["step"] and all(d == 0 for _, _, d in seen["plain"]["step"])
+    assert not seen["plain"]["draft"]
+
+
+def test_a_step_that_prefilled_a_new_request_is_not_timed(proposer_for, target, target_dir, tokenizer, monkeypatch):
+    proposer = proposer_for(f"num_speculative_tokens: 2\ndefault: {{draft: {target_dir}}}\n")
+    calls = recording(proposer, monkeypatch)
+    later = [Request(p, 6) for p in prompts(tokenizer, ["The model is"])]
+    serve(proposer, target, [Request(p, 8) for p in prompts(tokenizer, TEXTS[:2])], arrivals={3: later})
+    untimed = [i + 2 for i, (seconds, _, _) in enumerate(calls["step"]) if seconds is None]
+    # call 3: the new request's row has no sampled token yet (as a prompt being prefilled
+    # in chunks has); call 4: its first token, i.e. its prefill ran in the step
+    assert untimed == [3, 4]
+
+
+def test_calibration_steps_draft_nothing_and_stay_lossless(proposer_for, target, target_dir, tokenizer,
+                                                          monkeypatch):
+    proposer = proposer_for(f"num_speculative_tokens: 2\ndefault: {{draft: {target_dir}}}\n"
+                            "controller: {calibration_interval: 4, min_samples: 2, switch_after: 2}\n")
+    calls = recording(proposer, monkeypatch)
+    flags = []
+    step = proposer.controller.step
+    monkeypatch.setattr(proposer.controller, "step",
+                        lambda *a: (step(*a), flags.append(proposer.controller.calibrating))[0])
+    reqs = [Request(p, 24) for p in prompts(tokenizer, TEXTS[:3])]
+    serve(proposer, target, reqs)
+    for r in reqs:
+        assert r.output == plain_greedy(target, r.prompt, 24)
+    assert sum(flags) >= 3
+    for flag, out in zip(flags, calls["out"]):
+        if flag:
+            assert all(d == [] for d in out)
+    # the plain steps they made were timed and paired with their verifying neighbours
+    assert any(drafted == 0 for _, _, drafted in calls["step"])
+    assert proposer.controller.costs.overhead_samples(4) >= 3
+    assert proposer.stats()["default"].state == DomainState.ON  # an identical draft
+
+
+def test_weight_sizes_reach_the_controller(proposer_for, target, target_dir, draft_dir, tokenizer):
+    proposer = proposer_for(f"num_speculative_tokens: 2\ndefault: {{draft: {draft_dir}}}\n", target_bytes=10**6)
+    serve(proposer, target, [Request(p, 4) for p in prompts(tokenizer, TEXTS[:1])])
+    model = proposer.engine.models[str(draft_dir)]
+    layer_bytes = sum(t.nbytes for layer in model.layers for t in (layer.qkv, layer.o, layer.gate_up, layer.down,
+                                                                  layer.ln_in, layer.ln_post))
+    expected = layer_bytes + model.norm.nbytes + model.lm_head.nbytes  # the embedding table is not read whole
+    assert proposer.stats()["default"].cost_ratio_size == pytest.approx(expected / 10**6)
+    # a model that states its own forward_bytes is taken at its word
+    proposer = proposer_for(f"num_speculative_tokens: 2\ndefault: {{draft: {draft_dir}}}\n", target_bytes=10**6)
+    proposer.load()
+    proposer.engine.models[str(draft_dir)].forward_bytes = 5000
+    serve(proposer, target, [Request(p, 4) for p in prompts(tokenizer, TEXTS[:1])])
+    assert proposer.stats()["default"].cost_ratio_size == pytest.approx(0.005)

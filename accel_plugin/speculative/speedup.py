@@ -1,0 +1,60 @@
+"""The expected-speedup model of speculative decoding: pure functions, no state.
+
+With per-position acceptance probability ``a`` and a draft forward costing ``c``
+plain target steps, drafting ``k`` tokens per request gives an expected speedup
+over plain decoding of (Leviathan, Kalman, Matias 2023)
+
+    S(a, k, c) = (1 - a^(k+1)) / ((1 - a) (k c + 1))
+
+extended by one measured term, ``v = v(k)``: how much longer a target step that
+verifies k drafts per request takes than a plain one (the framework's verification
+path, the extra query tokens), as a fraction of a plain step::
+
+    S(a, k, c, v) = (1 - a^(k+1)) / ((1 - a) (k c + 1 + v))     for k >= 1
+
+Used by the controller (:mod:`.controller`) and by the tuning tools
+(:mod:`accel_plugin.tuning.acceptance`), so both predict with the same formula.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+__all__ = ["best_k", "expected_speedup", "expected_tokens"]
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Expected tokens per target step, ``(1 - a^(k+1)) / (1 - a)`` (= k + 1 at a = 1)."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1]; got {alpha}")
+    if k < 0:
+        raise ValueError(f"k must be >= 0; got {k}")
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def expected_speedup(alpha: float, k: int, c: float, overhead: float = 0.0) -> float:
+    """``S = (1 - a^(k+1)) / ((1 - a)(k c + 1 + v))`` with ``v = overhead``; 1.0 at k = 0."""
+    if c < 0:
+        raise ValueError(f"c must be >= 0; got {c}")
+    if overhead < 0:
+        raise ValueError(f"overhead must be >= 0; got {overhead}")
+    if k == 0:
+        return 1.0
+    return expected_tokens(alpha, k) / (k * c + 1.0 + overhead)
+
+
+def best_k(alpha: float, c: float, k_max: int, min_speedup: float = 1.0,
+           overhead: float | Callable[[int], float] = 0.0) -> tuple[int, float]:
+    """``(k, S)`` with the largest ``S`` over ``k`` in ``1..k_max``, or ``(0, 1.0)``
+    when none reaches ``min_speedup`` (ties go to the smaller k). ``overhead`` is v,
+    or a function giving v for each k."""
+    best, best_s = 0, 1.0
+    for k in range(1, k_max + 1):
+        s = expected_speedup(alpha, k, c, overhead(k) if callable(overhead) else overhead)
+        if s > best_s + 1e-12:
+            best, best_s = k, s
+    if best and best_s < min_speedup:
+        return 0, 1.0
+    return best, best_s
