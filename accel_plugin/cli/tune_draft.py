@@ -8,9 +8,18 @@ directory (config.json, model.safetensors, tokenizer) to name as a ``draft:`` in
 the draft YAML. Checkpoints go to OUT/checkpoints; running the same command again
 resumes from the latest one (a larger --steps continues training).
 
-Example:
+A draft may also be cut from the target itself (``--from-target-layers``):
+target layers kept as they are (borrowed from the target when the draft is
+loaded, so not stored), the last ``--train-layers`` of them copied and trained,
+the target's embedding shared, and the head pruned to the ``--head-vocab`` tokens
+the target uses most on the training prompts. Such a draft stores only what was
+trained (a few MB) and names its target in config.json.
+
+Examples:
     accel tune-draft --target models/target --draft models/draft-general \\
         --prompts support.jsonl --out drafts/support --steps 300
+    accel tune-draft --target smollm2/hf --from-target-layers 0,1,2,3,29 --train-layers 1 \\
+        --head-vocab 4096 --chat --prompts support-tune.jsonl --out drafts/support --steps 300
 """
 
 from __future__ import annotations
@@ -44,14 +53,40 @@ def _number(kind, low, high=None, *, low_open=False, what=""):
     return parse
 
 
+def _layers(text: str) -> list[int]:
+    """argparse type: ``0,1,2`` or ``0-3,29`` -> [0, 1, 2, 3, 29]."""
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected layer indices like 0,1,2 or 0-3,29; got {text!r}") from None
+    if not out or len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError(f"expected distinct layer indices like 0,1,2 or 0-3,29; got {text!r}")
+    return out
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--target", required=True, metavar="DIR", help="target model directory (HF format)")
-    parser.add_argument("--draft", required=True, metavar="DIR", help="draft model to start from (same tokenizer)")
+    start = parser.add_mutually_exclusive_group(required=True)
+    start.add_argument("--draft", metavar="DIR", help="draft model to start from (same tokenizer)")
+    start.add_argument("--from-target-layers", metavar="LAYERS", type=_layers,
+                       help="start from these target layers instead, e.g. 0,1,2,3,29 or 0-3,29")
     parser.add_argument("--prompts", required=True, metavar="FILE",
                         help="the domain's prompts: one per line, or JSONL with a 'prompt' key")
     parser.add_argument("--out", required=True, metavar="DIR", help="where the tuned draft is written")
-    parser.add_argument("--steps", type=_number(int, 1), default=200, help="optimiser steps in all (default 200)")
+    parser.add_argument("--train-layers", type=_number(int, 0), default=1,
+                        help="with --from-target-layers: how many of the last layers are trained (default 1); "
+                             "the others stay the target's")
+    parser.add_argument("--head-vocab", type=_number(int, 1), default=None, metavar="N",
+                        help="with --from-target-layers: prune the head to the N tokens the target uses most on the "
+                             "training prompts (default: the whole vocabulary)")
+    parser.add_argument("--chat", action="store_true",
+                        help="wrap each prompt as a user message in the target tokenizer's chat template")
+    parser.add_argument("--steps", type=_number(int, 0), default=200,
+                        help="optimiser steps in all; 0 writes the starting draft untrained (default 200)")
     parser.add_argument("--batch-size", type=_number(int, 1), default=8, help="prompts per step (default 8)")
     parser.add_argument("--lr", type=_number(float, 0.0, 1.0, low_open=True), default=1e-3,
                         help="AdamW learning rate (default 1e-3)")
@@ -89,23 +124,47 @@ def _check_paths(args) -> tuple[Path, Path, Path]:
     from ..tuning.models import check_model_dir, check_same_vocabulary
 
     target = check_model_dir(args.target, "--target", need_tokenizer=True)
-    draft = check_model_dir(args.draft, "--draft")
+    draft = check_model_dir(args.draft, "--draft") if args.draft else None
+    if draft is not None and (args.head_vocab is not None or args.train_layers != 1):
+        raise TuningError("--head-vocab and --train-layers go with --from-target-layers; a --draft keeps its own layout")
     out = Path(args.out).expanduser()
     for flag, other in (("--target", target), ("--draft", draft)):
-        if out.resolve() == other.resolve():
+        if other is not None and out.resolve() == other.resolve():
             raise TuningError(f"--out: {str(out)!r} is the {flag} directory; choose a new directory for the tuned draft")
     if out.exists() and not out.is_dir():
         raise TuningError(f"--out: {str(out)!r} exists and is not a directory")
-    check_same_vocabulary(target, draft)
+    if draft is not None:
+        check_same_vocabulary(target, draft)
     return target, draft, out
+
+
+def _encode(tokenizer, texts: list[str], chat: bool, max_tokens: int) -> list[list[int]]:
+    """Token ids per prompt (the last ``max_tokens``), wrapped in the chat template with ``chat``."""
+    out = []
+    for text in texts:
+        if chat:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                 add_generation_prompt=True)
+        out.append(tokenizer(text, add_special_tokens=False)["input_ids"][-max_tokens:])
+    return out
+
+
+def _draft_description(args, draft_dir: Path | None) -> Path | str:
+    if draft_dir is not None:
+        return draft_dir
+    return (f"target-layers:{','.join(map(str, args.from_target_layers))}/train:{args.train_layers}"
+            f"/head:{args.head_vocab}")
 
 
 def tune(args) -> dict:
     """The whole command; returns the report. Raises TuningError for bad input."""
+    import collections
+
     import torch
 
-    from ..tuning.acceptance import greedy_continuation
+    from ..tuning.acceptance import greedy_continuations
     from ..tuning.distill import DistillSettings, build_dataset, distill
+    from ..tuning.draft_lm import draft_from_target, head_vocab_from_counts, load_draft
     from ..tuning.models import load_lm, load_tokenizer
     from ..tuning.prompts import read_prompts, split_holdout
 
@@ -118,36 +177,47 @@ def tune(args) -> dict:
     settings = DistillSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, loss=args.loss,
                                gen_tokens=args.gen_tokens, checkpoint_every=args.checkpoint_every, seed=args.seed,
                                holdout=args.holdout)
-    key = settings.data_key(target_dir, draft_dir, [p.text for p in prompts])
+    key = settings.data_key(target_dir, _draft_description(args, draft_dir),
+                            [p.text for p in prompts] + (["<chat>"] if args.chat else []))
     ckpt_dir = out / "checkpoints"
     if args.no_resume:
         shutil.rmtree(ckpt_dir, ignore_errors=True)
 
     tokenizer = load_tokenizer(target_dir)
-    target, draft = load_lm(target_dir), load_lm(draft_dir)
+    target = load_lm(target_dir)
     started = time.time()
     data_file = ckpt_dir / "dataset.pt"
-    data = torch.load(data_file, weights_only=False) if data_file.is_file() else None
+    data = torch.load(data_file, weights_only=True) if data_file.is_file() else None
     if data is not None and data.get("key") != key:
         raise TuningError(
             f"--out: {ckpt_dir} holds checkpoints of a different run (other models, prompts or settings); "
             "pass --no-resume to start over, or choose another --out"
         )
     if data is None:
-        bar = _bar(len(train) + len(held), "target continuations")
-        items = build_dataset(target, tokenizer, [p.text for p in train], settings, progress=bar.update)
-        held_cache = []
-        for p in held:
-            ids = tokenizer(p.text, add_special_tokens=False)["input_ids"][-settings.max_prompt_tokens:]
-            if ids:
-                held_cache.append((ids, greedy_continuation(target, ids, settings.gen_tokens)))
-            bar.update(1)
+        train_ids = _encode(tokenizer, [p.text for p in train], args.chat, settings.max_prompt_tokens)
+        held_ids = [ids for ids in _encode(tokenizer, [p.text for p in held], args.chat, settings.max_prompt_tokens)
+                    if ids]
+        bar = _bar(len(train_ids) + len(held_ids), "target continuations")
+        items = build_dataset(target, train_ids, settings, progress=bar.update, batch_size=args.batch_size * 2)
+        held_conts = greedy_continuations(target, held_ids, settings.gen_tokens, batch_size=args.batch_size * 2,
+                                          progress=bar.update)
         bar.close()
-        data = {"key": key, "items": items, "held": held_cache}
+        data = {"key": key, "items": items, "held": [list(pair) for pair in zip(held_ids, held_conts)]}
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         torch.save(data, data_file)
     if not data["held"]:
         raise TuningError("--prompts: every held-out prompt is empty after tokenisation")
+    del target
+
+    if draft_dir is not None:
+        draft = load_draft(draft_dir, target_dir) if _borrows(draft_dir) else load_lm(draft_dir)
+    else:
+        head_vocab = None
+        if args.head_vocab is not None:
+            counts = collections.Counter(t for it in data["items"] for t in it["ids"][it["prompt_len"]:])
+            vocab_size = int(json.loads((target_dir / "config.json").read_text())["vocab_size"])
+            head_vocab = head_vocab_from_counts(counts, args.head_vocab, vocab_size)
+        draft = draft_from_target(target_dir, args.from_target_layers, args.train_layers, head_vocab)
     before = _measure(draft, data["held"], args.k)
 
     bar = _bar(settings.steps, "distil")
@@ -164,19 +234,27 @@ def tune(args) -> dict:
 
     save_dtype = args.save_dtype
     if save_dtype == "auto":
-        draft_config = json.loads((draft_dir / "config.json").read_text())
-        save_dtype = draft_config.get("dtype") or draft_config.get("torch_dtype") or "float32"
+        source = json.loads(((draft_dir or target_dir) / "config.json").read_text())
+        save_dtype = source.get("dtype") or source.get("torch_dtype") or "float32"
     out.mkdir(parents=True, exist_ok=True)
-    draft.to(getattr(torch, save_dtype)).save_pretrained(str(out), safe_serialization=True)
-    tok_source = draft_dir if (draft_dir / "tokenizer.json").exists() else target_dir
-    for f in tok_source.iterdir():
-        if f.is_file() and f.name.startswith(("tokenizer", "special_tokens")):
-            shutil.copy(f, out / f.name)
+    if hasattr(draft, "save"):
+        draft.save(out, getattr(torch, save_dtype))
+    else:
+        draft.to(getattr(torch, save_dtype)).save_pretrained(str(out), safe_serialization=True)
+    if draft_dir is not None:  # a draft that borrows from the target uses the target's tokenizer
+        tok_source = draft_dir if (draft_dir / "tokenizer.json").exists() else target_dir
+        for f in tok_source.iterdir():
+            if f.is_file() and f.name.startswith(("tokenizer", "special_tokens")):
+                shutil.copy(f, out / f.name)
+    trainable = sum(p.numel() for p in draft.parameters() if p.requires_grad)
     report = {
-        "target": str(target_dir), "draft": str(draft_dir), "out": str(out), "prompts": str(args.prompts),
+        "target": str(target_dir), "draft": str(draft_dir) if draft_dir else _draft_description(args, None),
+        "out": str(out), "prompts": str(args.prompts), "chat": bool(args.chat),
         "train_prompts": len(train), "held_out_prompts": len(data["held"]), "gen_tokens": settings.gen_tokens,
         "loss": settings.loss, "steps": result["steps"], "resumed_from_step": result["start_step"],
         "batch_size": settings.batch_size, "lr": settings.lr, "seed": settings.seed,
+        "trained_parameters": trainable,
+        "head_vocab": None if getattr(draft, "head_vocab", None) is None else len(draft.head_vocab),
         "first_loss": result["first_loss"], "final_loss": result["final_loss"],
         "loss_curve": result["losses"][:: max(1, len(result["losses"]) // 20)] + result["losses"][-1:],
         "k": args.k, "before": before.to_dict(), "after": after.to_dict(),
@@ -184,6 +262,12 @@ def tune(args) -> dict:
     }
     (out / "tune_report.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
+
+
+def _borrows(draft_dir: Path) -> bool:
+    from ..speculative.draft_format import DRAFT_KEY
+
+    return DRAFT_KEY in json.loads((draft_dir / "config.json").read_text())
 
 
 def _fmt_positions(values) -> str:
@@ -196,7 +280,9 @@ def format_report(r: dict) -> str:
     lines = [
         f"prompts: {r['train_prompts']} for training, {r['held_out_prompts']} held out; "
         f"{r['gen_tokens']} target tokens each",
-        f"distilled: {r['steps']} steps{resumed}, loss ({r['loss']}) {r['first_loss']} -> {r['final_loss']}",
+        f"distilled: {r['steps']} steps{resumed}, loss ({r['loss']}) {r['first_loss']} -> {r['final_loss']}"
+        + (f"; {r['trained_parameters']:,} parameters trained" if r.get("trained_parameters") is not None else "")
+        + (f"; head pruned to {r['head_vocab']} tokens" if r.get("head_vocab") else ""),
         f"held-out greedy acceptance, k={r['k']}:",
         f"  {'':8} {'alpha':>6} {'mean acc. len':>14}   per position",
         f"  {'before':8} {b['alpha']:6.3f} {b['mean_acceptance_length']:14.2f}   {_fmt_positions(b['per_position'])}",

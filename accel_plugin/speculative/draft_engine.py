@@ -71,16 +71,19 @@ class DraftEngine:
     """Loads draft models lazily (by directory) and drafts for groups of requests."""
 
     def __init__(self, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                 max_len: int = 2048, initial_slots: int = 8):
+                 max_len: int = 2048, initial_slots: int = 8, target_dir: str | None = None):
         self.dtype, self.device, self.max_len = dtype, torch.device(device), max_len
         self.initial_slots = initial_slots
+        #: the target model's directory, for drafts that borrow its tensors (draft_format)
+        self.target_dir = target_dir
         self.models: dict[str, LlamaDraftModel] = {}
 
     def load(self, draft: str) -> LlamaDraftModel:
         model = self.models.get(draft)
         if model is None:
             model = LlamaDraftModel(draft, dtype=self.dtype, device=self.device,
-                                    max_len=self.max_len, initial_slots=self.initial_slots)
+                                    max_len=self.max_len, initial_slots=self.initial_slots,
+                                    target_dir=self.target_dir)
             self.models[draft] = model
         return model
 
@@ -129,7 +132,7 @@ class DraftEngine:
                 torch.tensor([len(news[i]) for i in group], dtype=torch.long, device=device),
                 torch.tensor([jobs[i].cache.slot for i in group], dtype=torch.long, device=device),
             )
-            for r, tok in enumerate(logits.argmax(dim=-1).tolist()):
+            for r, tok in enumerate(model.greedy(logits).tolist()):
                 drafts[group[r]].append(tok)
                 last_token[group[r]] = tok
             if group is short:
@@ -149,7 +152,7 @@ class DraftEngine:
                 torch.ones(len(rows), dtype=torch.long, device=device),
                 torch.tensor([jobs[i].cache.slot for i in rows], dtype=torch.long, device=device),
             )
-            for r, tok in enumerate(logits.argmax(dim=-1).tolist()):
+            for r, tok in enumerate(model.greedy(logits).tolist()):
                 drafts[rows[r]].append(tok)
                 last_token[rows[r]] = tok
             step += 1

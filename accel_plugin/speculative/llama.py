@@ -9,7 +9,10 @@ itself, fuses q/k/v and gate/up projections, and runs a plain torch forward.
 Supported: ``LlamaForCausalLM`` / ``MistralForCausalLM`` checkpoints without a
 sliding window (RMSNorm, RoPE with the config's ``rope_theta`` and static
 ``rope_scaling`` types, GQA/MQA, SiLU MLP, optional attention/MLP bias, tied
-embeddings).
+embeddings), and drafts that borrow tensors from their target and prune their LM
+head to a token subset (:mod:`.draft_format`): :meth:`LlamaDraftModel.forward`
+then returns logits over that subset, and :meth:`LlamaDraftModel.greedy` maps the
+argmax back to token ids.
 
 KV cache: one tensor per layer and K/V, ``[num_slots, num_kv_heads, capacity,
 head_dim]``; a request owns one slot (:meth:`LlamaDraftModel.alloc_slot`).
@@ -24,6 +27,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from .draft_format import DraftFormatError, load_tensors
 
 __all__ = ["DraftModelError", "LlamaDraftModel"]
 
@@ -75,12 +80,15 @@ class LlamaDraftModel:
     """A Llama checkpoint loaded for drafting.
 
     ``max_len`` bounds the positions a request can reach (the framework's
-    ``max_model_len``); the RoPE tables are built for it once.
+    ``max_model_len``); the RoPE tables are built for it once. ``target_dir`` is
+    the target model's directory, needed by drafts that borrow its tensors.
     """
 
     def __init__(self, model_dir: str | Path, *, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu", max_len: int = 2048, initial_slots: int = 8):
+                 device: str | torch.device = "cpu", max_len: int = 2048, initial_slots: int = 8,
+                 target_dir: str | Path | None = None):
         self.model_dir = Path(model_dir)
+        self.target_dir = None if target_dir is None else Path(target_dir)
         cfg = json.loads((self.model_dir / "config.json").read_text())
         self.dtype, self.device = dtype, torch.device(device)
         if cfg.get("sliding_window") and cfg.get("use_sliding_window", True) and cfg.get("model_type") == "mistral":
@@ -109,11 +117,10 @@ class LlamaDraftModel:
     # ---------------------------------------------------------------- weights
 
     def _load_weights(self, tied: bool) -> None:
-        from safetensors.torch import load_file
-
-        tensors: dict[str, torch.Tensor] = {}
-        for f in sorted(self.model_dir.glob("*.safetensors")):
-            tensors.update(load_file(str(f)))
+        try:
+            tensors, spec = load_tensors(self.model_dir, self.target_dir)
+        except DraftFormatError as exc:
+            raise DraftModelError(str(exc)) from None
 
         def take(name: str, required: bool = True) -> torch.Tensor | None:
             t = tensors.get(name)
@@ -136,6 +143,19 @@ class LlamaDraftModel:
         self.norm = take("model.norm.weight")
         lm_head = take("lm_head.weight", required=not tied)
         self.lm_head = self.embed if lm_head is None else lm_head
+        #: token ids of the head's rows (``None``: the whole vocabulary)
+        self.head_vocab: torch.Tensor | None = None
+        if spec is not None and spec.head_vocab:
+            ids = tensors.get(spec.head_vocab)
+            if ids is None or ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64):
+                raise DraftModelError(
+                    f"{self.model_dir}: head_vocab tensor {spec.head_vocab!r} is missing or not a 1-d integer tensor"
+                )
+            ids = ids.to(torch.long)
+            if len(ids) == 0 or int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
+                raise DraftModelError(f"{self.model_dir}: head_vocab ids must lie in 0..{self.vocab_size - 1}")
+            self.head_vocab = ids.to(self.device)
+            self.lm_head = self.lm_head.index_select(0, self.head_vocab).contiguous()
         self.layers: list[_Layer] = []
         for i in range(self.num_layers):
             p = f"model.layers.{i}."
@@ -158,6 +178,17 @@ class LlamaDraftModel:
                     f"config.json implies {expect_qkv}"
                 )
             self.layers.append(layer)
+        #: bytes of weights one forward reads (the embedding table only by row):
+        #: the size-based estimate of what a forward costs on memory-bound hardware
+        self.forward_bytes = sum(
+            t.numel() * t.element_size()
+            for layer in self.layers for t in (getattr(layer, n) for n in _Layer.__slots__) if t is not None
+        ) + (self.norm.numel() + self.lm_head.numel()) * self.lm_head.element_size()
+
+    def greedy(self, logits: torch.Tensor) -> torch.Tensor:
+        """Token ids of the argmax of :meth:`forward`'s logits (through ``head_vocab``)."""
+        best = logits.argmax(dim=-1)
+        return best if self.head_vocab is None else self.head_vocab[best]
 
     # --------------------------------------------------------------- KV slots
 
@@ -211,7 +242,8 @@ class LlamaDraftModel:
         start: ``[B]`` int64, position of each row's first new token (= its cached length)
         q_lens: ``[B]`` int64, 1..T
         slots: ``[B]`` int64, the rows' KV slots
-        returns: ``[B, vocab_size]`` float32
+        returns: ``[B, V]`` float32, ``V`` = vocab_size, or the pruned head's size
+        (map an argmax with :meth:`greedy`)
 
         K/V of the new tokens are written at positions ``start..start+q_len-1``; what a
         slot held beyond ``start`` is overwritten (that is how rejected drafts are dropped).

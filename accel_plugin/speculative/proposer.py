@@ -18,7 +18,11 @@ so memory is bounded by the batch.
 
 Per row and step: how many of last step's drafts were accepted goes to the
 controller; the controller's k for the row's domain decides how many tokens to
-draft; rows are grouped by draft model and drafted in one batch per model. If a
+draft; rows are grouped by draft model and drafted in one batch per model. The
+controller also gets the time of the target step that ran since the last call
+(with its batch size and the drafts it verified) and each draft model's time per
+forward in this call, which it pairs with the next target step (see
+:mod:`.controller`); in a calibration step it asks for no drafts at all. If a
 draft model raises (an exception, out of memory), every domain it serves is
 switched off with one logged error and its rows get no drafts: decoding goes on
 without speculation for them, and nothing else changes.
@@ -58,13 +62,19 @@ class DomainProposer:
     """Router + controller + draft engine behind one ``propose`` call.
 
     ``detokenize`` turns a prompt's token ids into text for the router;
-    ``max_len`` is the framework's maximum sequence length (drafts never go past it).
+    ``max_len`` is the framework's maximum sequence length (drafts never go past it);
+    ``target_bytes`` the bytes of weights one target forward reads (the sum of its
+    parameters' bytes will do), which bounds the measured cost ratios to what the
+    model sizes make plausible (``None``: no bound); ``target_dir`` the target
+    model's directory, for drafts that borrow its tensors (:mod:`.draft_format`);
+    ``clock`` times the target steps.
     """
 
     def __init__(self, config: DraftConfig, detokenize: Callable[[Sequence[int]], str], *,
                  max_len: int = 2048, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", initial_slots: int = 8,
-                 clock: Callable[[], float] = time.perf_counter, logger: logging.Logger | None = None):
+                 clock: Callable[[], float] = time.perf_counter, logger: logging.Logger | None = None,
+                 target_bytes: int | None = None, target_dir: str | None = None):
         self.config = config
         self.logger = logger or _logger
         self.detokenize = detokenize
@@ -72,17 +82,19 @@ class DomainProposer:
         self.router = DomainRouter.from_config(config)
         drafts = config.drafts()
         self.controller = DomainController(
-            config.controller, drafts, {name: config.k_max(name) for name in drafts}
+            config.controller, drafts, {name: config.k_max(name) for name in drafts},
+            target_bytes=target_bytes, logger=self.logger,
         )
         self.engine = DraftEngine(dtype=dtype, device=device, max_len=max_len + config.num_speculative_tokens + 1,
-                                  initial_slots=initial_slots)
+                                  initial_slots=initial_slots, target_dir=target_dir)
         self._drafts = drafts
         self._failed: set[str] = set()
         self._states: dict[int, RequestState] = {}  # by id(state)
         self._by_row: dict[int, RequestState] = {}
         self._clock = clock
+        self._sized: set[str] = set()  # drafts whose weight size the controller knows
         self._last_return: float | None = None
-        self._last_k = 0  #: most drafts proposed for one request last step (this step verified them)
+        self._last_drafted = 0  #: draft tokens proposed last call (the target step since verified them)
         self._last_rows = 0  #: requests that decoded in the last step
         self._last_log = clock()
         self.num_steps = 0
@@ -144,13 +156,12 @@ class DomainProposer:
                 token_ids: np.ndarray) -> list[list[int]]:
         """Drafts per row (``[]`` = none); see the module docstring for the arguments."""
         start = self._clock()
-        if self._last_return is not None and self._states:
-            self.controller.record_target_time(start - self._last_return, k=self._last_k, rows=self._last_rows)
         self.num_steps += 1
         num_rows = len(sampled_token_ids)
         out: list[list[int]] = [[] for _ in range(num_rows)]
         claimed: set[int] = set()
         rows: list[tuple[int, RequestState]] = []
+        prefilled = False  # the target step since the last call ran a prompt (or part of one)
         for i in range(num_rows):
             sampled = sampled_token_ids[i]
             n = int(num_tokens[i])
@@ -158,6 +169,7 @@ class DomainProposer:
             tokens = np.array(token_ids[i, :n], dtype=np.int64)
             state = self._match(i, tokens, len(sampled), claimed)
             if state is None:
+                prefilled = True
                 if not sampled:
                     continue  # a prompt still being prefilled in chunks
                 state = self._new_state(tokens, len(sampled))
@@ -172,7 +184,11 @@ class DomainProposer:
             self._free(state)
         self._by_row = {s.row: s for s in self._states.values()}
 
-        self.controller.step()
+        if self._last_return is not None:
+            # a step with a prefill, or after an idle engine, is no decoding step's time
+            timed = bool(rows) and self._last_rows > 0 and not prefilled
+            self.controller.record_step(start - self._last_return if timed else None, len(rows), self._last_drafted)
+        self.controller.step(len(rows), {state.domain for _, state in rows})
         jobs_by_draft: dict[str, list[tuple[int, RequestState, DraftJob]]] = {}
         seen_domains = set()
         for i, state in rows:
@@ -200,14 +216,15 @@ class DomainProposer:
             except Exception as exc:  # noqa: BLE001 - a draft failure must not stop serving
                 self._fail(draft, exc)
                 continue
+            self._tell_size(draft)
             if result.rounds:
-                self.controller.record_draft_time(draft, result.seconds / result.rounds)
+                self.controller.record_draft(draft, len(entries), result.seconds / result.rounds)
             for (i, state, _), drafts in zip(entries, result.drafts):
                 out[i] = drafts
                 state.last_drafts = tuple(drafts)
 
         self._maybe_log()
-        self._last_k = max(map(len, out), default=0)
+        self._last_drafted = sum(map(len, out))
         self._last_rows = len(rows)
         self._last_return = self._clock()
         self.propose_seconds += self._last_return - start
@@ -223,6 +240,13 @@ class DomainProposer:
                 accepted += 1
             self.controller.observe(state.domain, len(state.last_drafts), accepted)
         state.context = tokens
+
+    def _tell_size(self, draft: str) -> None:
+        """Give the controller the weight bytes one forward of ``draft`` reads (once)."""
+        if draft in self._sized or draft not in self.engine.models:
+            return
+        self._sized.add(draft)
+        self.controller.set_draft_bytes(draft, int(self.engine.models[draft].forward_bytes))
 
     def _fail(self, draft: str, exc: BaseException) -> None:
         self._failed.add(draft)

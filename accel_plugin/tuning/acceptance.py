@@ -28,12 +28,13 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from ..speculative.controller import best_k, expected_speedup, expected_tokens
+from ..speculative.speedup import best_k, expected_speedup, expected_tokens
 
 __all__ = [
     "AcceptanceStats",
     "break_even_alpha",
     "greedy_continuation",
+    "greedy_continuations",
     "match_flags",
     "measure_step_ms",
     "simulate",
@@ -168,20 +169,58 @@ def greedy_continuation(model, prompt_ids: list[int], num_tokens: int) -> list[i
     return tokens
 
 
+def greedy_continuations(model, prompts_ids: list[list[int]], num_tokens: int, *, batch_size: int = 16,
+                         progress=None) -> list[list[int]]:
+    """:func:`greedy_continuation` of many prompts, ``batch_size`` at a time
+    (left-padded, with the attention mask and positions of each row)."""
+    import torch
+
+    out: list[list[int]] = []
+    for start in range(0, len(prompts_ids), batch_size):
+        group = prompts_ids[start:start + batch_size]
+        width = max(len(ids) for ids in group)
+        ids = torch.zeros(len(group), width, dtype=torch.long)
+        mask = torch.zeros(len(group), width, dtype=torch.long)
+        for r, row in enumerate(group):
+            ids[r, width - len(row):] = torch.tensor(row)
+            mask[r, width - len(row):] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        tokens = torch.zeros(len(group), num_tokens, dtype=torch.long)
+        with _no_grad():
+            result = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+            for i in range(num_tokens):
+                nxt = result.logits[:, -1].argmax(-1)
+                tokens[:, i] = nxt
+                if i + 1 == num_tokens:
+                    break
+                mask = torch.cat([mask, torch.ones(len(group), 1, dtype=torch.long)], dim=1)
+                pos = pos[:, -1:] + 1
+                result = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos,
+                               past_key_values=result.past_key_values, use_cache=True)
+        out += tokens.tolist()
+        if progress:
+            progress(len(group))
+    return out
+
+
 def match_flags(draft, prompt_ids: list[int], continuation: list[int]) -> list[bool]:
-    """``flags[i]``: the draft's argmax after ``prompt + continuation[:i]`` is ``continuation[i]``."""
+    """``flags[i]``: the draft's argmax after ``prompt + continuation[:i]`` is ``continuation[i]``
+    (through the draft's ``head_vocab`` when its head is pruned)."""
     import torch
 
     ids = torch.tensor([prompt_ids + continuation])
     with _no_grad():
         logits = draft(input_ids=ids).logits[0]
     start = len(prompt_ids) - 1
-    predicted = logits[start:start + len(continuation)].argmax(-1).tolist()
-    return [p == t for p, t in zip(predicted, continuation)]
+    predicted = logits[start:start + len(continuation)].argmax(-1)
+    head_vocab = getattr(draft, "head_vocab", None)
+    if head_vocab is not None:
+        predicted = head_vocab[predicted]
+    return [p == t for p, t in zip(predicted.tolist(), continuation)]
 
 
 def measure_step_ms(model_dirs, *, context: int = 64, rounds: int = 8, steps: int = 10,
-                    warmup: int = 5) -> dict[str, float]:
+                    warmup: int = 5, target_dir=None) -> dict[str, float]:
     """Milliseconds of one decode step (1 token, KV cache, batch 1, lean forward) per model dir.
 
     The models take turns (``rounds`` x ``steps`` timed steps each, after ``warmup``)
@@ -196,7 +235,7 @@ def measure_step_ms(model_dirs, *, context: int = 64, rounds: int = 8, steps: in
     total = context + warmup + rounds * steps + 2
     states = {}
     for d in dict.fromkeys(str(m) for m in model_dirs):
-        model = LlamaDraftModel(d, dtype=torch.float32, max_len=total, initial_slots=1)
+        model = LlamaDraftModel(d, dtype=torch.float32, max_len=total, initial_slots=1, target_dir=target_dir)
         slot = torch.tensor([model.alloc_slot()])
         tokens = torch.randint(0, model.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
         model.forward(tokens, torch.tensor([0]), torch.tensor([context]), slot)
@@ -205,7 +244,7 @@ def measure_step_ms(model_dirs, *, context: int = 64, rounds: int = 8, steps: in
     def step(st, timed: bool) -> None:
         t0 = time.perf_counter()
         logits = st["model"].forward(st["next"], torch.tensor([st["pos"]]), torch.tensor([1]), st["slot"])
-        st["next"] = logits.argmax(-1, keepdim=True)
+        st["next"] = st["model"].greedy(logits)[:, None]
         if timed:
             st["times"].append(time.perf_counter() - t0)
         st["pos"] += 1

@@ -2,8 +2,9 @@
 
 Data: for each training prompt the target's greedy continuation of
 ``gen_tokens`` tokens, and the target's top-``top_k`` next-token probabilities at
-every continuation position (one teacher-forced target forward). Computed once,
-stored in ``checkpoints/dataset.pt``, reused on resume.
+every continuation position (one teacher-forced target forward); both computed in
+batches of ``batch_size`` prompts. Computed once, stored in
+``checkpoints/dataset.pt``, reused on resume.
 
 Loss on continuation positions only (prompt tokens are context):
 
@@ -11,6 +12,10 @@ Loss on continuation positions only (prompt tokens are context):
   renormalised (forward KL(target || draft) up to the target's entropy, a
   constant); the draft learns the target's ranking, not just its argmax;
 - ``nll``: cross-entropy against the target's greedy tokens.
+
+A draft with a pruned head (``draft.head_vocab``) is trained over its own tokens:
+the target's probabilities are restricted to them and renormalised; greedy tokens
+outside them do not count.
 
 Training: AdamW, a 10-step warm-up then a constant learning rate, gradient norm
 clipped at 1.0. Batches are drawn with a generator seeded by ``(seed, step)``, so a
@@ -29,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import TuningError
-from .acceptance import greedy_continuation
+from .acceptance import greedy_continuations
 
 __all__ = ["DistillSettings", "build_dataset", "distill", "latest_checkpoint"]
 
@@ -50,38 +55,47 @@ class DistillSettings:
     #: the held-out share of the prompt file (part of the data, so part of the key)
     holdout: float = 0.1
 
-    def data_key(self, target: Path, draft: Path, prompts: list[str]) -> str:
-        """Fingerprint of everything the dataset and the run depend on (not ``steps``)."""
+    def data_key(self, target: Path, draft: Path | str, prompts: list[str]) -> str:
+        """Fingerprint of everything the dataset and the run depend on (not ``steps``);
+        ``draft`` is the starting draft's directory or a description of how it is made."""
+        draft = str(draft.resolve()) if isinstance(draft, Path) else draft
         blob = json.dumps({
-            "target": str(target.resolve()), "draft": str(draft.resolve()), "prompts": prompts,
+            "target": str(target.resolve()), "draft": draft, "prompts": prompts,
             **{k: v for k, v in asdict(self).items() if k not in ("steps", "checkpoint_every")},
         }, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def build_dataset(target, tokenizer, prompts: list[str], settings: DistillSettings,
-                  progress: Callable[[int], None] | None = None) -> list[dict]:
-    """Per prompt: token ids (prompt + target continuation), prompt length, top-k targets."""
+def build_dataset(target, prompts_ids: list[list[int]], settings: DistillSettings,
+                  progress: Callable[[int], None] | None = None, batch_size: int = 16) -> list[dict]:
+    """Per prompt (token ids): ids (prompt + target continuation), prompt length, top-k targets."""
     import torch
 
-    items = []
-    for text in prompts:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"][-settings.max_prompt_tokens:]
-        if not ids:
-            continue
-        cont = greedy_continuation(target, ids, settings.gen_tokens)
-        full = torch.tensor([ids + cont])
-        with torch.inference_mode():
-            logits = target(input_ids=full).logits[0, len(ids) - 1:len(ids) - 1 + len(cont)].float()
-        probs, index = logits.softmax(-1).topk(settings.top_k, dim=-1)
-        items.append({
-            "ids": ids + cont, "prompt_len": len(ids),
-            "top_index": index.to(torch.int32), "top_prob": (probs / probs.sum(-1, keepdim=True)).to(torch.float16),
-        })
-        if progress:
-            progress(1)
-    if not items:
+    prompts_ids = [ids[-settings.max_prompt_tokens:] for ids in prompts_ids if ids]
+    if not prompts_ids:
         raise TuningError("--prompts: every training prompt is empty after tokenisation")
+    conts = greedy_continuations(target, prompts_ids, settings.gen_tokens, batch_size=batch_size)
+    items = []
+    for start in range(0, len(prompts_ids), batch_size):
+        group = list(zip(prompts_ids[start:start + batch_size], conts[start:start + batch_size]))
+        width = max(len(ids) + len(cont) for ids, cont in group)
+        full = torch.zeros(len(group), width, dtype=torch.long)
+        mask = torch.zeros(len(group), width, dtype=torch.long)
+        for r, (ids, cont) in enumerate(group):
+            full[r, :len(ids) + len(cont)] = torch.tensor(ids + cont)
+            mask[r, :len(ids) + len(cont)] = 1
+        with torch.inference_mode():
+            logits = target(input_ids=full, attention_mask=mask).logits
+        for r, (ids, cont) in enumerate(group):
+            rows = logits[r, len(ids) - 1:len(ids) - 1 + len(cont)].float()
+            probs, index = rows.softmax(-1).topk(settings.top_k, dim=-1)
+            items.append({
+                "ids": ids + cont, "prompt_len": len(ids),
+                "top_index": index.to(torch.int32),
+                "top_prob": (probs / probs.sum(-1, keepdim=True)).to(torch.float16),
+            })
+        if progress:
+            progress(len(group))
     return items
 
 
@@ -122,12 +136,12 @@ def distill(draft, dataset: list[dict], settings: DistillSettings, ckpt_dir: Pat
     import torch
     import torch.nn.functional as F
 
-    opt = torch.optim.AdamW(draft.parameters(), lr=settings.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=settings.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / WARMUP_STEPS))
     start, losses = 0, []
     last = latest_checkpoint(ckpt_dir)
     if last is not None:
-        state = torch.load(last, map_location="cpu", weights_only=False)
+        state = torch.load(last, map_location="cpu", weights_only=True)
         if state["data_key"] != data_key:
             raise TuningError(
                 f"--out: {ckpt_dir} holds checkpoints of a different run (other models, prompts or settings); "
@@ -150,19 +164,31 @@ def distill(draft, dataset: list[dict], settings: DistillSettings, ckpt_dir: Pat
             if old != path:
                 old.unlink()
 
+    head_index = None
+    if getattr(draft, "head_vocab", None) is not None:
+        vocab_size = max(int(draft.head_vocab.max()) + 1, max(max(it["ids"]) for it in dataset) + 1,
+                         max(int(it["top_index"].max()) for it in dataset) + 1)
+        head_index = torch.full((vocab_size,), -1, dtype=torch.long)
+        head_index[draft.head_vocab] = torch.arange(len(draft.head_vocab))
     draft.train()
     for step in range(start, settings.steps):
         rng = random.Random(settings.seed * 1_000_003 + step)
         picked = [dataset[rng.randrange(len(dataset))] for _ in range(settings.batch_size)]
         ids, mask, rows, cols, tokens, top_i, top_p = _batch(picked, pad_id)
         logits = draft(input_ids=ids, attention_mask=mask).logits[rows, cols]
+        if head_index is not None:  # a pruned head: target token ids -> its rows (-1: not in it)
+            top_i, tokens = head_index[top_i], head_index[tokens]
         if settings.loss == "kl":
-            logp = F.log_softmax(logits.float(), dim=-1).gather(-1, top_i)
-            loss = -(top_p * logp).sum(-1).mean()
+            present = top_i >= 0
+            weights = top_p * present
+            weights = weights / weights.sum(-1, keepdim=True).clamp(min=1e-9)
+            logp = F.log_softmax(logits.float(), dim=-1).gather(-1, top_i.clamp(min=0))
+            loss = -(weights * logp).sum(-1)[present.any(-1)].mean()
         else:
-            loss = F.cross_entropy(logits.float(), tokens)
+            keep = tokens >= 0
+            loss = F.cross_entropy(logits[keep].float(), tokens[keep])
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_([p for p in draft.parameters() if p.requires_grad], 1.0)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)

@@ -106,6 +106,7 @@ class DomainDraftProposer:
             device=device,
             initial_slots=min(16, vllm_config.scheduler_config.max_num_seqs),
             logger=_logger(),
+            target_dir=model_config.model,
         )
         _LIVE.add(self)
         _logger().info(
@@ -128,7 +129,11 @@ class DomainDraftProposer:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def load_model(self, target_model: Any = None) -> None:
-        """Called by vLLM once the target is loaded: load every draft model now."""
+        """Called by vLLM once the target is loaded: load every draft model now, and
+        tell the controller the target's weight bytes (the size check of its costs)."""
+        if target_model is not None:
+            unique = {p.data_ptr(): p.numel() * p.element_size() for p in target_model.parameters()}
+            self.core.controller.set_target_bytes(sum(unique.values()))
         self.core.load()
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
