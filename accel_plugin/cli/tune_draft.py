@@ -84,7 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --from-target-layers: prune the head to the N tokens the target uses most on the "
                              "training prompts (default: the whole vocabulary)")
     parser.add_argument("--chat", action="store_true",
-                        help="wrap each prompt as a user message in the target tokenizer's chat template")
+                        help="wrap each prompt as a user message in the target tokenizer's chat template; the "
+                             "target's continuations then end with its end-of-turn token, as served answers do")
+    parser.add_argument("--held-out", metavar="FILE", default=None,
+                        help="prompts for the acceptance report (same formats as --prompts) instead of a "
+                             "--holdout share of --prompts; then every prompt of --prompts trains")
     parser.add_argument("--steps", type=_number(int, 0), default=200,
                         help="optimiser steps in all; 0 writes the starting draft untrained (default 200)")
     parser.add_argument("--batch-size", type=_number(int, 1), default=8, help="prompts per step (default 8)")
@@ -94,6 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="kl: match the target's top-k probabilities; nll: its greedy tokens (default kl)")
     parser.add_argument("--gen-tokens", type=_number(int, 1, 1024), default=64,
                         help="target tokens generated per prompt (default 64)")
+    parser.add_argument("--gen-batch-size", type=_number(int, 1, 1024), default=64,
+                        help="prompts the target continues at once while building the data (default 64: on a CPU "
+                             "a decode step costs about its weight reads, so a large batch is nearly free)")
     parser.add_argument("--holdout", type=_number(float, 0.0, low_open=True, what="a fraction or a count"),
                         default=0.1, help="prompts held out for the acceptance report: a fraction < 1 or a count (default 0.1)")
     parser.add_argument("--k", type=_number(int, 1, 16), default=5,
@@ -170,15 +177,20 @@ def tune(args) -> dict:
 
     target_dir, draft_dir, out = _check_paths(args)
     prompts = read_prompts(args.prompts)
-    train, held = split_holdout(prompts, args.holdout, args.seed)
+    if args.held_out:
+        train, held = prompts, read_prompts(args.held_out, flag="--held-out")
+    else:
+        train, held = split_holdout(prompts, args.holdout, args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     settings = DistillSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, loss=args.loss,
                                gen_tokens=args.gen_tokens, checkpoint_every=args.checkpoint_every, seed=args.seed,
                                holdout=args.holdout)
-    key = settings.data_key(target_dir, _draft_description(args, draft_dir),
-                            [p.text for p in prompts] + (["<chat>"] if args.chat else []))
+    prompt_key = ([p.text for p in train] + ["<held-out>"] + [p.text for p in held]
+                  + (["<chat>"] if args.chat else []))
+    key = settings.data_key(target_dir, _draft_description(args, draft_dir), prompt_key)
+    dataset_key = settings.dataset_key(target_dir, prompt_key)
     ckpt_dir = out / "checkpoints"
     if args.no_resume:
         shutil.rmtree(ckpt_dir, ignore_errors=True)
@@ -188,21 +200,23 @@ def tune(args) -> dict:
     started = time.time()
     data_file = ckpt_dir / "dataset.pt"
     data = torch.load(data_file, weights_only=True) if data_file.is_file() else None
-    if data is not None and data.get("key") != key:
+    if data is not None and data.get("key") != dataset_key:
         raise TuningError(
-            f"--out: {ckpt_dir} holds checkpoints of a different run (other models, prompts or settings); "
-            "pass --no-resume to start over, or choose another --out"
+            f"--out: {ckpt_dir} holds the target's answers to other prompts (or of another target or "
+            "--gen-tokens); pass --no-resume to start over, or choose another --out"
         )
     if data is None:
         train_ids = _encode(tokenizer, [p.text for p in train], args.chat, settings.max_prompt_tokens)
         held_ids = [ids for ids in _encode(tokenizer, [p.text for p in held], args.chat, settings.max_prompt_tokens)
                     if ids]
+        stop_ids = frozenset([tokenizer.eos_token_id]) if args.chat and tokenizer.eos_token_id is not None else frozenset()
         bar = _bar(len(train_ids) + len(held_ids), "target continuations")
-        items = build_dataset(target, train_ids, settings, progress=bar.update, batch_size=args.batch_size * 2)
-        held_conts = greedy_continuations(target, held_ids, settings.gen_tokens, batch_size=args.batch_size * 2,
-                                          progress=bar.update)
+        items = build_dataset(target, train_ids, settings, progress=bar.update, batch_size=args.gen_batch_size,
+                              stop_ids=stop_ids)
+        held_conts = greedy_continuations(target, held_ids, settings.gen_tokens, batch_size=args.gen_batch_size,
+                                          stop_ids=stop_ids, progress=bar.update)
         bar.close()
-        data = {"key": key, "items": items, "held": [list(pair) for pair in zip(held_ids, held_conts)]}
+        data = {"key": dataset_key, "items": items, "held": [list(pair) for pair in zip(held_ids, held_conts)]}
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         torch.save(data, data_file)
     if not data["held"]:

@@ -153,6 +153,8 @@ class DomainStats:
     cost_ratio_size: float | None = None  #: draft bytes / target bytes per forward (None: sizes unknown)
     by_bucket: dict[int, tuple[str, int]] = field(default_factory=dict)  #: (state, k) per bucket decided so far
     switches: int = 0  #: on/off switches so far, all buckets
+    #: per bucket decided so far: state, k, c, v and the predicted S there
+    costs_by_bucket: dict[int, dict] = field(default_factory=dict)
 
     @property
     def acceptance_rate(self) -> float:
@@ -397,8 +399,16 @@ class DomainController:
                 expected_speedup=speedup, error=d.error, bucket=b,
                 cost_ratio_measured=self.measured_cost_ratio(d.name), cost_ratio_size=self.size_cost_ratio(d.name),
                 by_bucket={bk: (ch.state, ch.k) for bk, ch in sorted(d.choices.items())}, switches=d.switches,
+                costs_by_bucket={bk: self._costs_at(d, alpha, bk) for bk in sorted(d.choices)},
             )
         return out
+
+    def _costs_at(self, d: _Domain, alpha: float | None, bucket: int) -> dict:
+        state, k = self._state(d, bucket)
+        c = self.costs.cost_ratio(self._draft_of(d.name), bucket)
+        v = self.costs.verify_overhead(max(k, 1), bucket)
+        speedup = None if alpha is None or c is None else expected_speedup(alpha, k, c, v)
+        return {"state": state, "k": k, "c": c, "v": v, "expected_speedup": speedup}
 
     def summary(self) -> str:
         """One line per domain, for the periodic log."""

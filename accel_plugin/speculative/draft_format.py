@@ -42,6 +42,7 @@ import torch
 
 __all__ = [
     "DRAFT_KEY",
+    "checkpoint_parameters",
     "DraftFormatError",
     "DraftSpec",
     "embed_fingerprint",
@@ -146,6 +147,23 @@ def _read(files: dict[str, Path], names: Iterable[str]) -> dict[str, torch.Tenso
             for name in wanted:
                 out[name] = handle.get_tensor(name)
     return out
+
+
+def checkpoint_parameters(model_dir: str | Path) -> int:
+    """Parameters stored in a model directory's safetensors files (shapes only, nothing
+    loaded): the size of a served model, which frameworks may repack out of sight
+    (vLLM's CPU build keeps linear weights as oneDNN handles, not parameters)."""
+    from safetensors import safe_open
+
+    total = 0
+    for f in _safetensors_files(Path(model_dir)):
+        with safe_open(str(f), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118
+                count = 1
+                for dim in handle.get_slice(name).get_shape():
+                    count *= dim
+                total += count
+    return total
 
 
 def embed_fingerprint(embedding: torch.Tensor) -> str:

@@ -170,9 +170,10 @@ def greedy_continuation(model, prompt_ids: list[int], num_tokens: int) -> list[i
 
 
 def greedy_continuations(model, prompts_ids: list[list[int]], num_tokens: int, *, batch_size: int = 16,
-                         progress=None) -> list[list[int]]:
+                         stop_ids: frozenset[int] = frozenset(), progress=None) -> list[list[int]]:
     """:func:`greedy_continuation` of many prompts, ``batch_size`` at a time
-    (left-padded, with the attention mask and positions of each row)."""
+    (left-padded, with the attention mask and positions of each row). A
+    continuation ends after the first token in ``stop_ids`` (kept), if any."""
     import torch
 
     out: list[list[int]] = []
@@ -197,7 +198,9 @@ def greedy_continuations(model, prompts_ids: list[list[int]], num_tokens: int, *
                 pos = pos[:, -1:] + 1
                 result = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos,
                                past_key_values=result.past_key_values, use_cache=True)
-        out += tokens.tolist()
+        for row in tokens.tolist():
+            end = next((i + 1 for i, t in enumerate(row) if t in stop_ids), len(row))
+            out.append(row[:end])
         if progress:
             progress(len(group))
     return out

@@ -56,28 +56,40 @@ class DistillSettings:
     holdout: float = 0.1
 
     def data_key(self, target: Path, draft: Path | str, prompts: list[str]) -> str:
-        """Fingerprint of everything the dataset and the run depend on (not ``steps``);
-        ``draft`` is the starting draft's directory or a description of how it is made."""
+        """Fingerprint of everything a training run depends on (not ``steps``); checkpoints
+        carry it. ``draft`` is the starting draft's directory or how it is made."""
         draft = str(draft.resolve()) if isinstance(draft, Path) else draft
         blob = json.dumps({
-            "target": str(target.resolve()), "draft": draft, "prompts": prompts,
+            "dataset": self.dataset_key(target, prompts), "draft": draft,
             **{k: v for k, v in asdict(self).items() if k not in ("steps", "checkpoint_every")},
+        }, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def dataset_key(self, target: Path, prompts: list[str]) -> str:
+        """Fingerprint of what the target's answers depend on: the target, the prompts
+        and how they are continued (not the draft, not the training settings)."""
+        blob = json.dumps({
+            "target": str(target.resolve()), "prompts": prompts, "top_k": self.top_k,
+            "gen_tokens": self.gen_tokens, "max_prompt_tokens": self.max_prompt_tokens,
         }, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def build_dataset(target, prompts_ids: list[list[int]], settings: DistillSettings,
-                  progress: Callable[[int], None] | None = None, batch_size: int = 16) -> list[dict]:
-    """Per prompt (token ids): ids (prompt + target continuation), prompt length, top-k targets."""
+                  progress: Callable[[int], None] | None = None, batch_size: int = 16,
+                  stop_ids: frozenset[int] = frozenset()) -> list[dict]:
+    """Per prompt (token ids): ids (prompt + target continuation, which ends after a
+    token of ``stop_ids``), prompt length, top-k targets."""
     import torch
 
     prompts_ids = [ids[-settings.max_prompt_tokens:] for ids in prompts_ids if ids]
     if not prompts_ids:
         raise TuningError("--prompts: every training prompt is empty after tokenisation")
-    conts = greedy_continuations(target, prompts_ids, settings.gen_tokens, batch_size=batch_size)
+    conts = greedy_continuations(target, prompts_ids, settings.gen_tokens, batch_size=batch_size, stop_ids=stop_ids)
     items = []
-    for start in range(0, len(prompts_ids), batch_size):
-        group = list(zip(prompts_ids[start:start + batch_size], conts[start:start + batch_size]))
+    forward_batch = min(batch_size, 16)  # full-vocabulary logits of every position: keep the batch modest
+    for start in range(0, len(prompts_ids), forward_batch):
+        group = list(zip(prompts_ids[start:start + forward_batch], conts[start:start + forward_batch]))
         width = max(len(ids) + len(cont) for ids, cont in group)
         full = torch.zeros(len(group), width, dtype=torch.long)
         mask = torch.zeros(len(group), width, dtype=torch.long)

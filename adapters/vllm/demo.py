@@ -54,6 +54,15 @@ def _spec_counters(llm: Any) -> dict:
     return out
 
 
+def _attention_backends(worker: Any) -> list[str]:
+    """Runs in the worker (``collective_rpc``): the backend of every attention layer."""
+    from vllm.config import get_layers_from_vllm_config
+    from vllm.model_executor.layers.attention import Attention
+
+    layers = get_layers_from_vllm_config(worker.vllm_config, Attention)
+    return sorted({layer.attn_backend.get_name() for layer in layers.values()})
+
+
 def _emit(kind: str, payload: dict) -> None:
     print(f"{kind} {json.dumps(payload)}", flush=True)
 
@@ -62,7 +71,7 @@ class _Engine:
     """One vLLM engine in this process and what the demo reads from it."""
 
     def __init__(self, target: str | Path, *, spec: dict | None = None, max_tokens: int = 64,
-                 dtype: str = "float32", max_model_len: int = 512):
+                 dtype: str = "float32", max_model_len: int = 512, ignore_eos: bool = True):
         import torch
         from vllm import LLM, SamplingParams
 
@@ -76,14 +85,24 @@ class _Engine:
             dtype=dtype,
             enforce_eager=True,
             max_model_len=max_model_len,
-            kv_cache_memory_bytes=64 * 2**20,
+            kv_cache_memory_bytes=128 * 2**20,
             max_num_seqs=16,
             seed=0,
             disable_log_stats=False,
             **({"speculative_config": spec} if spec else {}),
         )
         self.startup_s = time.perf_counter() - t0
-        self.params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        self.params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
+
+    def facts(self) -> dict:
+        """What this engine really runs, read back from vLLM: the attention backend of
+        every layer, and the parameters of the checkpoint vLLM loaded (counted in its
+        files: vLLM's CPU build repacks linear weights out of ``parameters()``)."""
+        from accel_plugin.speculative.draft_format import checkpoint_parameters
+
+        return {"attention_backends": sorted({n for names in self.llm.collective_rpc(_attention_backends)
+                                              for n in names}),
+                "parameters": checkpoint_parameters(self.llm.llm_engine.model_config.model)}
 
     def stats(self) -> dict | None:
         """The domain proposer's per-domain counters (``None`` without it)."""
@@ -129,12 +148,13 @@ def serve(args: dict, stdin=None) -> int:
     """The worker: engine, warm-up, ``READY``; then a ``RESULT`` per command line."""
     stdin = stdin if stdin is not None else sys.stdin
     engine = _Engine(args["target"], spec=args.get("spec"), max_tokens=args.get("max_tokens", 64),
-                     dtype=args.get("dtype", "float32"), max_model_len=args.get("max_model_len", 512))
+                     dtype=args.get("dtype", "float32"), max_model_len=args.get("max_model_len", 512),
+                     ignore_eos=args.get("ignore_eos", True))
     t0 = time.perf_counter()
     for prompts in args.get("warmup", []):
         engine.generate(prompts)
     _emit("READY", {"startup_s": engine.startup_s, "warmup_s": time.perf_counter() - t0,
-                    "after_warmup": engine.stats()})
+                    "after_warmup": engine.stats(), **engine.facts()})
     for line in stdin:
         command = json.loads(line) if line.strip() else {"quit": True}
         if command.get("quit"):
@@ -213,18 +233,25 @@ def _best(results: list[dict]) -> dict:
             for key in _COUNTERS:
                 acc[key] += d[key]
     return {**best, "seconds_all": [r["seconds"] for r in results], "delta": delta,
+            # greedy decoding is deterministic: every repeat must give the same tokens
+            "repeats_identical": all(r["token_ids"] == best["token_ids"] for r in results),
             "propose_steps": sum(r["propose_steps"] for r in results),
             "propose_seconds": sum(r["propose_seconds"] for r in results),
             "stats": results[-1]["stats"]}
 
 
-def run_side_by_side(target: str | Path, configs: dict[str, str | Path | None], *, warmup: list[list[str]],
-                     timed: list[dict], repeats: int = 1, attention_backend: str = "flash",
+def run_side_by_side(target: str | Path, configs: dict[str, str | Path | None], *,
+                     warmup: list[list[str]] | dict[str, list[list[str]]],
+                     timed: list[dict], repeats: int = 1, attention_backend: str = "",
                      num_speculative_tokens: int = 5, timeout_s: float = 600, progress=None,
                      **engine_args: Any) -> dict[str, dict]:
     """One engine per entry of ``configs`` (name -> draft YAML, or ``None`` for no
-    speculation), each warmed up with ``warmup``; then every ``timed`` entry
-    (``{"name": str, "prompts": [...]}``) on every engine in turn, ``repeats`` times.
+    speculation), each warmed up with ``warmup`` (one list of prompt batches for all,
+    or one per configuration name); then every ``timed`` entry (``{"name": str,
+    "prompts": [...]}``, optionally ``"configs": [names]`` to run it on those engines
+    only) on every engine in turn, ``repeats`` times. ``attention_backend`` is
+    ``ACCEL_ATTENTION_BACKEND`` for every engine; ``""`` leaves it unset: vLLM's own
+    default backend.
 
     Returns per configuration: ``startup_s``, ``warmup_s``, ``after_warmup`` and
     ``final`` proposer counters, vLLM's ``spec`` counters, ``warnings`` (the
@@ -235,7 +262,11 @@ def run_side_by_side(target: str | Path, configs: dict[str, str | Path | None], 
     ``RuntimeError`` with a worker's output tail when one fails.
     """
     base_env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "ACCEL_ATTENTION_BACKEND": attention_backend,
-                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                # the read-back of the attention backend ships a function to the worker
+                "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+    if not attention_backend:
+        base_env.pop("ACCEL_ATTENTION_BACKEND")
     base_env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     base_env.pop("ACCEL_DRAFT_CONFIG", None)
     # the Triton interpreter would take many minutes: on CPU the demo times the kernels'
@@ -246,7 +277,8 @@ def run_side_by_side(target: str | Path, configs: dict[str, str | Path | None], 
     results: dict[str, dict] = {}
     try:
         for name, draft_config in configs.items():
-            env, args = dict(base_env), {"target": str(target), "warmup": warmup, **engine_args}
+            batches = warmup.get(name, []) if isinstance(warmup, dict) else warmup
+            env, args = dict(base_env), {"target": str(target), "warmup": batches, **engine_args}
             if draft_config is not None:
                 env["ACCEL_DRAFT_CONFIG"] = str(draft_config)
                 args["spec"] = spec_config(num_speculative_tokens)
@@ -262,7 +294,9 @@ def run_side_by_side(target: str | Path, configs: dict[str, str | Path | None], 
             t0 = time.perf_counter()
             for i, entry in enumerate(timed):
                 for name in order:
-                    workers[name].send(entry)
+                    if name not in entry.get("configs", names):
+                        continue
+                    workers[name].send({"name": entry["name"], "prompts": entry["prompts"]})
                     per_entry[name][i].append(workers[name].expect("RESULT"))
             progress(f"timed round {rep + 1}/{max(1, repeats)}: {time.perf_counter() - t0:.0f} s")
         for name, worker in workers.items():
@@ -270,7 +304,7 @@ def run_side_by_side(target: str | Path, configs: dict[str, str | Path | None], 
             done = worker.expect("DONE")
             worker.proc.wait(timeout=timeout_s)
             results[name].update(done)
-            results[name]["runs"] = [_best(r) for r in per_entry[name]]
+            results[name]["runs"] = [_best(r) for r in per_entry[name] if r]
             results[name]["warnings"] = sorted({line.strip() for line in worker.stderr_text().splitlines()
                                                 if "accel_plugin" in line and "Warning" in line})
     finally:

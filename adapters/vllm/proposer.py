@@ -95,6 +95,8 @@ class DomainDraftProposer:
         )
         self.config = config
         self.num_speculative_tokens = spec_config.num_speculative_tokens
+        self._model_dir = model_config.model
+        self._dtype = model_config.dtype
         self._tokenizer = self._load_tokenizer(model_config)
         dtype = model_config.dtype if config.dtype == "auto" else getattr(__import__("torch"), config.dtype)
         device = vllm_config.device_config.device
@@ -131,9 +133,12 @@ class DomainDraftProposer:
     def load_model(self, target_model: Any = None) -> None:
         """Called by vLLM once the target is loaded: load every draft model now, and
         tell the controller the target's weight bytes (the size check of its costs)."""
-        if target_model is not None:
-            unique = {p.data_ptr(): p.numel() * p.element_size() for p in target_model.parameters()}
-            self.core.controller.set_target_bytes(sum(unique.values()))
+        from accel_plugin.speculative.draft_format import checkpoint_parameters
+
+        # counted from the checkpoint: vLLM's CPU build repacks linear weights out of parameters()
+        params = checkpoint_parameters(self._model_dir)
+        if params:
+            self.core.controller.set_target_bytes(params * self._dtype.itemsize)
         self.core.load()
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,

@@ -10,6 +10,10 @@ import pytest
 
 from accel_plugin.cli import build_parser, demo
 from accel_plugin.cli.doctor import package_version
+from accel_plugin.demo.family import load_family, load_prompts, workload
+from accel_plugin.demo.report import build_report, paired_ratio, per_round_ratios, render, summarise, timing_spread, verdicts
+
+TOY = demo.default_models_dir().parent  # demo_models: the toy family
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -28,7 +32,7 @@ def test_bad_numbers_name_the_valid_range(capsys, flag, value):
     assert flag in err and "must be an integer from" in err
 
 
-@pytest.mark.parametrize("flag, value, valid", [("--backend", "fast", "flash"), ("--dtype", "fp8", "float32")])
+@pytest.mark.parametrize("flag, value, valid", [("--attention", "fast", "default"), ("--dtype", "fp8", "float32")])
 def test_bad_choices_list_the_valid_values(capsys, flag, value, valid):
     with pytest.raises(SystemExit):
         parse(flag, value)
@@ -36,40 +40,65 @@ def test_bad_choices_list_the_valid_values(capsys, flag, value, valid):
     assert flag in err and valid in err
 
 
-def test_defaults():
+def test_defaults_are_the_real_model_and_vllms_own_attention():
     args = parse()
-    assert (args.max_tokens, args.backend, args.dtype, args.json) == (64, "flash", "float32", None)
-    assert (args.models / "drafts.yaml").exists()
+    assert (args.max_tokens, args.attention, args.dtype, args.repeats, args.json) == (64, "default", "float32", 3, None)
+    family = load_family(args.models)
+    assert family.target == {"model_store": "smollm2"} and family.chat and not family.ignore_eos
+    assert not family.problems()
 
 
-def test_missing_models_dir_is_a_clear_error(tmp_path):
+def test_missing_family_is_a_clear_error(tmp_path):
     args = parse("--models", str(tmp_path), "--skip-doctor")
     with pytest.raises(SystemExit) as exc:
         demo.run(args)
-    assert "missing" in str(exc.value) and "--models" in str(exc.value)
+    assert "family.json" in str(exc.value) and "--models" in str(exc.value)
 
 
-def test_prompts_cover_every_domain_and_route_as_configured():
-    models = demo.default_models_dir()
-    prompts = demo.load_prompts(models / "prompts" / "bench.jsonl")
+def test_toy_family_prompts_route_as_configured():
+    family = load_family(TOY)
+    prompts = load_prompts(family)
     assert set(prompts) == {"support", "code", "prose"}
-    routes = demo.route_labels(models / "drafts.yaml", prompts)
+    routes = demo.route_labels(family.config_path("tuned"), prompts)
     assert routes["support"] == {"routed": ["support"], "draft": "draft-support"}
     assert routes["prose"]["routed"] == ["default"]
-    assert demo.route_labels(models / "drafts-untuned.yaml", prompts)["support"]["draft"] == "draft-general"
-    warmup, timed = demo.workload(prompts, 2)
-    assert [len(b) for b in warmup] == [8, 8, 8]
+    assert demo.route_labels(family.config_path("untuned"), prompts)["support"]["draft"] == "draft-general"
+
+
+def test_smollm2_held_out_prompts_route_to_their_domain():
+    """The router sees the decoded chat-templated prompt; plain text is enough here
+    (the template adds no word the YAML matches)."""
+    family = load_family(demo.default_models_dir())
+    prompts = load_prompts(family)
+    assert set(prompts) == {"support", "code", "general"} and all(len(p) == 24 for p in prompts.values())
+    for name, draft in (("tuned", "support"), ("untuned", "support-untuned")):
+        routes = demo.route_labels(family.config_path(name), prompts)
+        assert routes["support"] == {"routed": ["support"], "draft": draft}
+        assert routes["code"] == {"routed": ["code"], "draft": "code"}
+        assert routes["general"] == {"routed": ["default"], "draft": "general"}
+
+
+def test_workload_keeps_the_poor_engine_cold_on_the_goal_domain():
+    prompts = {d: [f"{d}{i}" for i in range(24)] for d in ("support", "code")}
+    warmup, timed = workload(prompts, 2, configs=["plain", "tuned", "untuned"], goal_domain="support",
+                             poor_config="untuned")
+    assert [len(b) for b in warmup["plain"]] == [8, 8] and warmup["untuned"] == [prompts["code"][-8:]]
     assert [t["name"] for t in timed][:3] == ["support|1|0", "support|1|1", "support|8|0"]
+    assert all(t["configs"] == ["plain", "tuned", "untuned"] for t in timed if t["name"].startswith("support"))
+    assert all(t["configs"] == ["plain", "tuned"] for t in timed if t["name"].startswith("code"))
     # warm-up and timed prompts are disjoint
-    assert not set(warmup[0]) & {p for t in timed for p in t["prompts"]}
+    assert not {p for b in warmup["plain"] for p in b} & {p for t in timed for p in t["prompts"]}
 
 
-def _stats(steps, drafted, accepted, state="on", k=5):
+def _stats(steps, drafted, accepted, state="on", k=5, c=0.05, predicted=2.0, draft="d"):
     return {"steps": steps, "drafted": drafted, "accepted": accepted, "state": state, "k": k, "k_max": 5,
-            "alpha": accepted / drafted if drafted else None, "cost_ratio": 0.05, "propose_ms_per_step": 3.0}
+            "alpha": accepted / drafted if drafted else None, "cost_ratio": c, "propose_ms_per_step": 3.0,
+            "draft": draft, "verify_overhead": 0.1,
+            "costs_by_bucket": {str(b): {"state": state, "k": k, "c": c, "v": 0.1, "expected_speedup": predicted}
+                                for b in (1, 8)}}
 
 
-def _result(tokens_per_s: dict, stats_per_run: list | None):
+def _result(tokens_per_s: dict, stats_per_run: list | None, rounds: int = 1):
     """A fake run_side_by_side result for one configuration: one timed run per
     (label, batch); ``stats_per_run`` are the proposer's cumulative counters after
     each run, from which each run's delta is taken (as the worker does)."""
@@ -80,49 +109,69 @@ def _result(tokens_per_s: dict, stats_per_run: list | None):
         delta = {d: {key: s[key] - previous.get(d, {}).get(key, 0) for key in ("steps", "drafted", "accepted")}
                  for d, s in (stats or {}).items()}
         previous = stats or previous
-        runs.append({"name": f"{label}|{batch}|0", "seconds": generated / tps, "generated": generated,
-                     "token_ids": [[1, 2, 3]] * batch, "stats": stats, "delta": delta,
+        runs.append({"name": f"{label}|{batch}|0", "seconds": generated / tps, "seconds_all": [generated / tps] * rounds,
+                     "generated": generated, "token_ids": [[1, 2, 3]] * batch, "stats": stats, "delta": delta,
+                     "repeats_identical": True,
                      "propose_steps": 10 if stats else 0, "propose_seconds": 0.03 if stats else 0.0})
-    return {"startup_s": 3.0, "warmup_s": 5.0, "runs": runs,
-            "after_warmup": {"support": _stats(0, 0, 0)} if stats_per_run else None,
+    return {"startup_s": 3.0, "warmup_s": 5.0, "runs": runs, "attention_backends": ["CPU_ATTN"],
+            "parameters": 134_515_008, "after_warmup": {"support": _stats(0, 0, 0)} if stats_per_run else None,
             "final": stats_per_run[-1] if stats_per_run else None, "spec": {}}
+
+
+SETTINGS = {"target_name": "t", "max_tokens": 64, "batch1_prompts": 1, "repeats": 1, "attention": "default",
+            "dtype": "float32", "num_speculative_tokens": 5, "ignore_eos": False}
 
 
 def test_table_and_verdicts_from_fake_numbers():
     keys = [("support", 1), ("support", 8), ("code", 1)]
     plain = _result(dict(zip(keys, (100.0, 400.0, 100.0))), None)
     tuned = _result(dict(zip(keys, (250.0, 480.0, 110.0))), [
-        {"support": _stats(10, 50, 45), "code": _stats(0, 0, 0)},
-        {"support": _stats(20, 100, 90), "code": _stats(0, 0, 0)},
-        {"support": _stats(20, 100, 90), "code": _stats(10, 50, 20, k=3)},
+        {"support": _stats(10, 50, 45, predicted=2.8), "code": _stats(0, 0, 0, draft="g")},
+        {"support": _stats(20, 100, 90, predicted=1.6), "code": _stats(0, 0, 0, draft="g")},
+        {"support": _stats(20, 100, 90, predicted=1.6), "code": _stats(10, 50, 20, k=3, c=0.06, draft="g")},
     ])
-    untuned = _result(dict(zip(keys, (97.0, 360.0, 110.0))), [
-        {"support": _stats(10, 10, 1, "off", 0), "code": _stats(0, 0, 0)},
-        {"support": _stats(12, 12, 1, "off", 0), "code": _stats(0, 0, 0)},
-        {"support": _stats(12, 12, 1, "off", 0), "code": _stats(10, 50, 20, k=3)},
+    untuned = _result(dict(zip(keys[:2], (97.0, 360.0))), [
+        {"support": _stats(10, 10, 1, "off", 0, draft="u"), "code": _stats(0, 0, 0, draft="g")},
+        {"support": _stats(12, 12, 1, "off", 0, draft="u"), "code": _stats(0, 0, 0, c=0.2, draft="g")},
     ])
     routes = {name: {"support": {"routed": ["support"], "draft": d}, "code": {"routed": ["code"], "draft": "g"}}
-              for name, d in (("tuned", "draft-support"), ("untuned", "draft-general"))}
-    report = demo.build_report({"plain": plain, "tuned": tuned, "untuned": untuned}, routes,
-                               parse("--max-tokens", "64"))
+              for name, d in (("tuned", "draft-support"), ("untuned", "draft-untuned"))}
+    report = build_report({"plain": plain, "tuned": tuned, "untuned": untuned}, routes, SETTINGS, "support")
     rows = {(r["domain"], r["batch"]): r for r in report["configs"]["tuned"]["rows"]}
     assert rows[("support", 1)]["ratio"] == pytest.approx(2.5)
     assert (rows[("support", 8)]["accepted"], rows[("support", 8)]["drafted"]) == (45, 50)  # the run's delta
     assert rows[("code", 1)]["proposer"]["code"]["k"] == 3
-    goals = report["goals"]
-    assert [g["met"] for g in goals] == [True, False, False, True]
-    assert goals[1]["measured"] == pytest.approx(1.2)
-    assert goals[2]["measured"] == pytest.approx(0.9)  # the worse batch of the poor-draft domain
-    text = demo.render(report)
-    assert "2.50x" in text and "[MET   ]" in text and "[MISSED]" in text
-    assert "speculation switched off (in timed runs) for: support" in text
+    goals = {g["goal"].split(":")[0]: g for g in report["goals"]}
+    met = [g["met"] for g in report["goals"]]
+    assert met == [True, True, False, True, True, False]
+    assert report["goals"][1]["measured"] == pytest.approx(1.2)  # 480 / 400: exactly the goal, met
+    assert report["goals"][2]["measured"] == pytest.approx(0.9)  # the worse batch of the poor-draft domain
+    assert report["goals"][4]["measured"] == pytest.approx(2.5 / 2.8)
+    assert report["goals"][5]["measured"] == pytest.approx(1.2 / 1.6)
+    assert goals  # every goal has a name
+    agree = {e["draft"]: e["agree"] for e in report["cost_ratios"]}
+    assert agree["g"] is False  # 0.06 vs 0.2: the same draft measured 3x apart is flagged
+    text = render(report, {"tuned": "TUNED", "untuned": "UNTUNED"})
+    assert "2.50x" in text and "[MET   ]" in text and "[MISSED]" in text and "134.5M parameters" in text
+    assert "plain CPU_ATTN" in text and "DISAGREE" in text
     json.dumps(report)  # --json writes exactly this
 
 
+def test_a_speed_goal_is_missed_when_outputs_differ():
+    keys = [("support", 1)]
+    plain = _result({keys[0]: 100.0}, None)
+    tuned = _result({keys[0]: 300.0}, [{"support": _stats(10, 50, 45)}])
+    tuned["runs"][0]["token_ids"] = [[9, 9, 9]]
+    routes = {"tuned": {"support": {"routed": ["support"], "draft": "d"}}}
+    report = build_report({"plain": plain, "tuned": tuned}, routes, SETTINGS, "support")
+    first = report["goals"][0]
+    assert first["measured"] == pytest.approx(3.0) and first["met"] is False and "NOT lossless" in first["detail"]
+
+
 def test_verdicts_without_untuned_are_not_measured():
-    goals = demo.verdicts({"tuned": {"rows": []}})
+    goals = verdicts({"tuned": {"rows": []}}, "support")
     assert all(g["met"] is None for g in goals)
-    assert "--no-untuned" in goals[2]["detail"]
+    assert "no untuned configuration" in goals[2]["detail"]
 
 
 @pytest.mark.skipif(package_version("vllm") is None, reason="vLLM is not installed")
@@ -133,12 +182,15 @@ def test_small_real_run(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # conftest's 1 thread: the demo uses the machine
 
     out = tmp_path / "demo.json"
-    rc = main(["demo", "--skip-doctor", "--no-untuned", "--max-tokens", "4", "--batch1-prompts", "1",
-               "--repeats", "1", "--json", str(out)])
+    rc = main(["demo", "--skip-doctor", "--models", str(TOY), "--no-untuned", "--max-tokens", "4",
+               "--batch1-prompts", "1", "--repeats", "1", "--json", str(out)])
     text = capsys.readouterr().out
     assert rc == 0, text
-    assert "tuned drafts" in text and "Goals" in text and "pure-torch reference" in text
+    assert "tuned drafts" in text and "Goals" in text and "vLLM's own default backend" in text
     report = json.loads(out.read_text())
+    # read back from each engine: vLLM's own CPU attention, the toy target's parameters
+    assert all(e["attention_backends"] == ["CPU_ATTN"] for e in report["engines"].values()), report["engines"]
+    assert report["engines"]["plain"]["parameters"] > 10_000_000
     rows = report["configs"]["tuned"]["rows"]
     assert {(r["domain"], r["batch"]) for r in rows} == {(d, b) for d in ("support", "code", "prose") for b in (1, 8)}
     assert all(r["plain_tokens_per_s"] > 0 and r["spec_tokens_per_s"] > 0 for r in rows)
@@ -160,7 +212,7 @@ def test_repeats_keep_the_fastest_run_and_sum_the_counters():
     assert best["delta"]["support"] == {"steps": 6, "drafted": 9, "accepted": 3}  # every repeat counts
     assert (best["propose_steps"], best["propose_seconds"]) == (30, pytest.approx(0.03))
     assert best["stats"]["support"]["state"] == "off"  # the state after the last repeat
-    spread = demo.timing_spread({"tuned": {"runs": [best]}})
+    spread = timing_spread({"tuned": {"runs": [best]}})
     assert spread == {"ratio": 2.0, "config": "tuned", "run": "support|1|0"}
 
 
@@ -182,6 +234,9 @@ def test_worker_protocol(monkeypatch):
 
         def stats(self):
             return None
+
+        def facts(self):
+            return {"attention_backends": ["X"], "parameters": 1}
 
         def timed(self, name, prompts):
             return {"name": name, "n": len(prompts)}
@@ -212,11 +267,11 @@ def test_ratio_is_the_median_of_paired_rounds():
         return {"runs": [{"name": "support|8|0", "seconds": min(seconds_all), "seconds_all": seconds_all,
                           "generated": 512, "token_ids": [[1]] * 8}]}
 
-    plain = demo.summarise(config([1.0, 1.5, 1.5]))[("support", 8)]
-    spec = demo.summarise(config([1.05, 1.5, 1.5]))[("support", 8)]
+    plain = summarise(config([1.0, 1.5, 1.5]))[("support", 8)]
+    spec = summarise(config([1.05, 1.5, 1.5]))[("support", 8)]
     assert plain["rounds"] == [1.0, 1.5, 1.5] and plain["seconds"] == 1.5
-    assert demo.per_round_ratios(plain, spec) == pytest.approx([1 / 1.05, 1.0, 1.0])
-    assert demo.paired_ratio(plain, spec) == pytest.approx(1.0)
+    assert per_round_ratios(plain, spec) == pytest.approx([1 / 1.05, 1.0, 1.0])
+    assert paired_ratio(plain, spec) == pytest.approx(1.0)
     # the fastest runs alone would have said 0.95x
     assert min(spec["rounds"]) / min(plain["rounds"]) == pytest.approx(1.05)
 
