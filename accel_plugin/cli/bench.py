@@ -39,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     acc.add_argument("--target", required=True, metavar="DIR", help="the target model directory (HF format)")
     acc.add_argument("--prompts", required=True, metavar="FILE", help="prompts: one per line, or JSONL with 'prompt' (+ 'domain')")
     acc.add_argument("--gen-tokens", type=_number(int, 1, 1024), default=64, help="target tokens per prompt (default 64)")
+    acc.add_argument("--chat", action="store_true",
+                     help="wrap each prompt as a user message in the target tokenizer's chat template")
     acc.add_argument("--max-prompts", type=_number(int, 1), default=None, help="at most this many prompts per domain")
     acc.add_argument("--k-max", type=_number(int, 1, 16), default=None,
                      help="largest k tried (default: the YAML's num_speculative_tokens per domain)")
@@ -117,6 +119,7 @@ def _acceptance(args) -> dict:
 
         torch.set_num_threads(args.threads)
     report = bench_acceptance(config, target, prompts, gen_tokens=args.gen_tokens, max_prompts=args.max_prompts,
+                              chat=args.chat,
                               target_step_ms=args.target_step_ms, k_max=args.k_max)
     if args.plot:
         report["plot"] = str(plot_speedup(report, args.plot))

@@ -19,6 +19,7 @@ from . import TuningError
 from .acceptance import (
     break_even_alpha,
     greedy_continuation,
+    greedy_continuations,
     match_flags,
     measure_step_ms,
     simulate,
@@ -31,7 +32,7 @@ __all__ = ["bench_acceptance", "plot_speedup"]
 
 def bench_acceptance(config, target_dir: Path, prompts: list[Prompt], *, gen_tokens: int = 64,
                      max_prompts: int | None = None, target_step_ms: float | None = None,
-                     k_max: int | None = None, progress=None) -> dict:
+                     k_max: int | None = None, progress=None, chat: bool = False) -> dict:
     """Run the benchmark; ``config`` is a loaded :class:`~accel_plugin.config.DraftConfig`."""
     from ..speculative.router import DomainRouter
     from .models import check_model_dir, check_same_vocabulary, load_lm, load_tokenizer
@@ -45,11 +46,17 @@ def bench_acceptance(config, target_dir: Path, prompts: list[Prompt], *, gen_tok
         check_same_vocabulary(target_dir, check_model_dir(draft, "--config"), draft_flag=f"--config (draft {draft})")
 
     tokenizer = load_tokenizer(target_dir)
+    if chat:  # route and continue the prompts as the server sees them: in the chat template
+        prompts = [Prompt(tokenizer.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False,
+                                                        add_generation_prompt=True), p.label) for p in prompts]
+        groups = {d: [] for d in router.domains}
+        for p in prompts:
+            groups[router.route(p.text)].append(p)
     target = load_lm(target_dir)
     measured_target = target_step_ms is None
     used = sorted({drafts[d] for d, m in groups.items() if m and drafts[d]})
     # drafts and target take turns, so the machine's load hits them alike
-    draft_ms = measure_step_ms(used + ([str(target_dir)] if measured_target else []))
+    draft_ms = measure_step_ms(used + ([str(target_dir)] if measured_target else []), target_dir=target_dir)
     if measured_target:
         target_step_ms = draft_ms[str(target_dir)]
     results = []
@@ -66,13 +73,16 @@ def bench_acceptance(config, target_dir: Path, prompts: list[Prompt], *, gen_tok
             results.append(row)
             continue
         k_top = k_max or config.k_max(domain)
-        model = load_lm(Path(draft))
+        model = _load_draft(Path(draft), target_dir)
         flags = []
         for p in members:
             ids = tokenizer(p.text, add_special_tokens=False)["input_ids"][-256:]
             if not ids:
                 continue
-            cont = greedy_continuation(target, ids, gen_tokens)
+            if chat and tokenizer.eos_token_id is not None:  # a served answer ends at its end-of-turn token
+                cont = greedy_continuations(target, [ids], gen_tokens, stop_ids=frozenset([tokenizer.eos_token_id]))[0]
+            else:
+                cont = greedy_continuation(target, ids, gen_tokens)
             flags.append(match_flags(model, ids, cont))
             if progress:
                 progress(1)
@@ -102,6 +112,19 @@ def bench_acceptance(config, target_dir: Path, prompts: list[Prompt], *, gen_tok
         "target_step_source": "measured (lean forward, 1 token, batch 1)" if measured_target else "given (--target-step-ms)",
         "domains": results,
     }
+
+
+def _load_draft(draft: Path, target_dir: Path):
+    """A draft for :func:`match_flags`: a plain checkpoint, or one that borrows from the target."""
+    import json
+
+    from ..speculative.draft_format import DRAFT_KEY
+    from .draft_lm import load_draft
+    from .models import load_lm
+
+    if DRAFT_KEY in json.loads((draft / "config.json").read_text()):
+        return load_draft(draft, target_dir)
+    return load_lm(draft)
 
 
 def plot_speedup(report: dict, path: str | Path) -> Path:
