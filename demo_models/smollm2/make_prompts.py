@@ -1,0 +1,283 @@
+"""Prompts of the SmolLM2 demo family: user messages in three domains, seeded.
+
+Writes ``prompts/{support,code,general}-tune.jsonl`` (for ``accel tune-draft``) and
+``prompts/{support,code,general}-heldout.jsonl`` (the demo, ``accel tune-draft
+--held-out``, ``accel bench acceptance``). Each line is a user message; the demo and
+``accel tune-draft --chat`` wrap it in the target's chat template.
+
+Held-out prompts are built from other phrasings and other slot values than the
+tuning prompts, and any held-out prompt that still shares an 8-token sequence
+(target tokenizer) with a tuning prompt is dropped; tests/tuning/test_smollm2_family.py
+checks the property on the committed files.
+
+    .venv/bin/python demo_models/smollm2/make_prompts.py --tokenizer ~/.cache/accel-plugin/models/smollm2/hf
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+NGRAM = 8
+TUNE_PER_DOMAIN = 320
+BENCH_PER_DOMAIN = 24
+
+# ------------------------------------------------------------------ support
+
+#: customer intents, each in several phrasings: the first ones are for tuning, the
+#: last one only for held-out prompts (same needs, other words, as in real traffic).
+#: Slots: {product} {order} {amount} {days} {carrier} {plan}
+_SUPPORT_INTENTS = [
+    ("My order #{order} has not arrived yet. What can I do?",
+     "Where is my package? I ordered it {days} days ago and nothing came.",
+     "I'm still waiting for order #{order}. When will it be delivered?",
+     "My delivery is late. Can you check on order #{order} for me?",
+     "Hello, it has been {days} days and package {order} is still not here, please help."),
+    ("I want to return the {product} I bought last week. How does that work?",
+     "How can I send back a {product} that I don't need anymore?",
+     "What is your return policy? I'd like to give back my {product}.",
+     "Can I return an unopened {product} for a full refund?",
+     "Where do I send the {product} back if it does not fit?"),
+    ("I was charged {amount} twice for order #{order}. Can you fix this?",
+     "There is a double charge of {amount} on my card from your shop.",
+     "You billed me {amount} two times. Please refund one of them.",
+     "My bank shows the same payment of {amount} twice. What happened?",
+     "Could you explain why there are two identical payments of {amount} on my statement?"),
+    ("The {product} I received is broken. Can I get a replacement?",
+     "My new {product} came broken. I want a new one.",
+     "The {product} doesn't work out of the box. What should I do?",
+     "I just unpacked my {product} and it is defective.",
+     "Please help, the {product} you sent me does not turn on at all."),
+    ("How do I cancel my {plan} subscription?",
+     "Please cancel my {plan} plan, I don't use it anymore.",
+     "I want to end my {plan} subscription today.",
+     "What are the steps to unsubscribe from {plan}?",
+     "I'd like to stop my {plan} membership from renewing next month."),
+    ("Can I change the shipping address for order #{order}?",
+     "I moved last week. Can you send order #{order} to my new address?",
+     "I typed the wrong address for order #{order}. Can you correct it?",
+     "Please update the delivery address on my order before it ships.",
+     "Is it too late to edit where shipment {order} gets delivered?"),
+    ("My package was marked as delivered but I never got it.",
+     "The tracking says delivered, but there is no parcel at my door.",
+     "{carrier} says my order was delivered yesterday. I don't have it.",
+     "My order shows as delivered but nothing arrived. Can you help?",
+     "Your courier {carrier} left my parcel at the wrong house. What now?"),
+    ("I forgot my password and cannot log in to my account.",
+     "I can't sign in anymore, the password reset email never arrives.",
+     "How do I reset my password? The login page keeps saying it's wrong.",
+     "My account is locked and I can't get into it.",
+     "Locked out of my account after too many attempts, how do I get back in?"),
+    ("When will my refund for the {product} show up on my card?",
+     "You approved my refund {days} days ago but I still don't see the money.",
+     "How long do refunds take? I sent back the {product} last week.",
+     "I'm waiting for my refund of {amount}. Is there an update?",
+     "How many business days until the money for my returned {product} is back?"),
+    ("I received the wrong item. I ordered a {product} but got something else.",
+     "The box had someone else's order in it instead of my {product}.",
+     "You sent me the wrong size and the wrong color. What now?",
+     "This is not what I ordered. I wanted a {product}.",
+     "You sent me a completely different product than the {product} on my receipt."),
+    ("Can I upgrade my plan from {plan} to a higher tier?",
+     "What does it cost to move from {plan} to your best plan?",
+     "How do I switch my account to the {plan} plan?",
+     "Is there a discount if I upgrade to {plan} for a whole year?",
+     "I want more features than {plan} gives me. What are my options?"),
+    ("I need an invoice for order #{order} for my company.",
+     "Can you email me a receipt with VAT for order #{order}?",
+     "Where can I download the invoice for my last purchase?",
+     "Please send a copy of the receipt for order #{order}.",
+     "Our accounting team asks for a proper bill for shipment {order}."),
+    ("The discount code I entered was not applied to my order.",
+     "My coupon did not work at checkout and I paid full price.",
+     "The promo code says it is invalid, but it should still be valid.",
+     "I forgot to enter my discount code. Can you still apply it?",
+     "Why didn't the promo code reduce my total? I still got billed {amount}."),
+    ("My {product} stopped working after {days} days. Is it still under warranty?",
+     "Does the warranty cover a {product} that broke after {days} days?",
+     "How long is the warranty on the {product}?",
+     "My {product} has a defect. Can I use the warranty to get it fixed?",
+     "The {product} died after {days} days of normal use, will you repair it?"),
+    ("I would like to speak to a manager about my last order.",
+     "This is my third complaint. Please escalate my case to a supervisor.",
+     "I am not happy with the service so far. Who can I talk to?",
+     "Can I get a phone number to call your customer service?",
+     "Can someone senior call me back? Nobody answers the chat."),
+    ("The {product} arrived damaged because the box was crushed.",
+     "The parcel from {carrier} was crushed and the {product} inside is dented.",
+     "My {product} was damaged during shipping. Can I get a new one?",
+     "The package was wet and the {product} is ruined.",
+     "What is your policy when an item shows up scratched, like my {product}?"),
+    ("I was billed for {plan} even though I cancelled last month.",
+     "Why do you still charge me for {plan}? I ended it already.",
+     "I see a charge of {amount} for a subscription I cancelled.",
+     "Please refund the last {plan} payment, I had already cancelled.",
+     "I never signed up for {plan}, so why am I paying for it?"),
+    ("Part of my order is missing: the {product} was not in the box.",
+     "Order #{order} came without the {product}. Where is it?",
+     "I only received one of the two items I ordered.",
+     "My package arrived but the {product} is not inside.",
+     "Hi there, only half of shipment {order} arrived and the {product} is missing."),
+    ("Do you ship to Canada, and how long does it take?",
+     "How much does shipping to Germany cost?",
+     "Can I get express delivery for my {product}?",
+     "Which countries do you deliver to?",
+     "Is international delivery possible for a {product}, and what are the fees?"),
+    ("How do I delete my account and all my data?",
+     "Please remove my personal data from your systems.",
+     "I want to close my account permanently.",
+     "Can you tell me what data you store about me?",
+     "Erase everything you have on file about me and shut down my profile, please."),
+]
+_PRODUCTS = ["headphones", "coffee maker", "backpack", "desk lamp", "phone case", "blender", "keyboard",
+             "rain jacket", "water bottle", "smart watch", "office chair", "toaster", "yoga mat",
+             "electric kettle", "gaming mouse", "winter boots", "air fryer", "sunglasses"]
+_CARRIERS = ["UPS", "FedEx", "DHL", "USPS", "Royal Mail"]
+_PLANS = ["Premium", "Family", "Pro", "Gold", "Student"]
+_SUPPORT = {"tune": [p for intent in _SUPPORT_INTENTS for p in intent[:-1]],
+            "bench": [intent[-1] for intent in _SUPPORT_INTENTS]}
+
+
+def _support(rng: random.Random, part: str) -> str:
+    template = rng.choice(_SUPPORT[part])
+    return template.format(
+        product=rng.choice(_PRODUCTS),
+        order=rng.randrange(10000, 99999),
+        amount=f"${rng.randrange(5, 300)}.{rng.randrange(0, 100):02d}",
+        days=rng.randrange(3, 40),
+        carrier=rng.choice(_CARRIERS),
+        plan=rng.choice(_PLANS),
+    )
+
+
+# --------------------------------------------------------------------- code
+
+_CODE_TASKS = {
+    "tune": [
+        "reverses a string", "checks whether a number is prime", "returns the factorial of n",
+        "computes the n-th Fibonacci number", "counts the vowels in a string", "removes duplicates from a list",
+        "finds the largest element of a list", "merges two sorted lists", "checks whether a string is a palindrome",
+        "returns the sum of the digits of an integer", "converts Celsius to Fahrenheit", "flattens a nested list",
+        "counts how often each word appears in a text", "returns the second largest number in a list",
+        "checks whether two strings are anagrams", "computes the greatest common divisor of two numbers",
+        "sorts a list of dictionaries by a key", "reads a text file and returns its lines",
+        "returns the average of a list of numbers", "capitalizes the first letter of every word",
+        "finds all even numbers in a list", "computes the power set of a list", "transposes a matrix",
+        "checks whether a year is a leap year", "converts a binary string to an integer",
+        "returns the intersection of two lists", "implements binary search", "computes the mean and median",
+        "validates an email address with a regular expression", "chunks a list into pieces of size n",
+    ],
+    "bench": [
+        "rotates a list by k positions", "returns the longest word in a sentence",
+        "computes the least common multiple of two integers", "checks whether brackets in a string are balanced",
+        "converts a Roman numeral to an integer", "groups a list of strings by their length",
+        "returns the running total of a list", "counts the number of set bits in an integer",
+    ],
+}
+_CODE_FORMS = {
+    "tune": ["Write a Python function that {task}.", "How do I write a function in Python that {task}?",
+             "Show me Python code that {task}.", "Implement a Python function which {task}, with a docstring."],
+    "bench": ["Give an example of a Python function that {task}.", "I need a small Python helper that {task}, please."],
+}
+
+# ------------------------------------------------------------------ general
+
+_GENERAL_TOPICS = {
+    "tune": ["photosynthesis", "gravity", "the water cycle", "inflation", "democracy", "black holes", "vaccines",
+             "the internet", "climate change", "the French Revolution", "volcanoes", "electricity", "DNA",
+             "the stock market", "renewable energy", "the immune system", "earthquakes", "the Roman Empire",
+             "machine learning", "the moon landing", "plate tectonics", "the printing press", "rainbows"],
+    "bench": ["tides", "the Silk Road", "antibiotics", "solar eclipses", "supply and demand", "coral reefs"],
+}
+_GENERAL_ACTIVITIES = {
+    "tune": ["sleeping better", "learning a new language", "saving money", "staying focused", "running a marathon",
+             "cooking healthy meals", "public speaking", "growing tomatoes", "reducing stress", "writing an essay"],
+    "bench": ["keeping houseplants alive", "preparing for a job interview", "travelling on a budget"],
+}
+_GENERAL_FORMS = {
+    "tune": ["Explain {topic} in simple terms.", "What is {topic}?", "Give me three tips for {activity}.",
+             "Write a short paragraph about {topic}.", "What are the benefits of {activity}?"],
+    "bench": ["Could you describe how {topic} works to a child?", "Tell me a few facts about {topic}.",
+              "What should a beginner know about {activity}?"],
+}
+
+
+_STYLES = {
+    "code": {"tune": ["", " Use a loop.", " Add type hints.", " Keep it short."],
+             "bench": ["", " Explain each step briefly.", " Make it work for empty input too."]},
+    "general": {"tune": ["", " Keep it brief.", " Use an example.", " Answer in two sentences."],
+                "bench": ["", " Please be concrete.", " I am new to this."]},
+}
+
+
+def _code(rng: random.Random, part: str) -> str:
+    return (rng.choice(_CODE_FORMS[part]).format(task=rng.choice(_CODE_TASKS[part]))
+            + rng.choice(_STYLES["code"][part]))
+
+
+def _general(rng: random.Random, part: str) -> str:
+    return (rng.choice(_GENERAL_FORMS[part]).format(
+        topic=rng.choice(_GENERAL_TOPICS[part]), activity=rng.choice(_GENERAL_ACTIVITIES[part]))
+        + rng.choice(_STYLES["general"][part]))
+
+
+GENERATORS = {"support": _support, "code": _code, "general": _general}
+
+
+def _unique(gen, rng: random.Random, part: str, n: int) -> list[str]:
+    out: dict[str, None] = {}
+    for _ in range(50 * n):
+        out.setdefault(gen(rng, part))
+        if len(out) == n:
+            break
+    return list(out)
+
+
+def ngrams(ids: list[int], n: int = NGRAM) -> set[tuple[int, ...]]:
+    return {tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)}
+
+
+def build(tokenizer, seed: int = 0) -> dict[str, dict[str, list[str]]]:
+    """{domain: {"tune": [...], "bench": [...]}} with the 8-gram property enforced."""
+    out = {}
+    for domain, gen in GENERATORS.items():
+        rng = random.Random(f"{seed}-{domain}")
+        tune = _unique(gen, rng, "tune", TUNE_PER_DOMAIN)
+        seen: set[tuple[int, ...]] = set()
+        for text in tune:
+            seen |= ngrams(tokenizer.encode(text, add_special_tokens=False))
+        bench = [t for t in _unique(gen, rng, "bench", 4 * BENCH_PER_DOMAIN)
+                 if not ngrams(tokenizer.encode(t, add_special_tokens=False)) & seen][:BENCH_PER_DOMAIN]
+        if len(bench) < BENCH_PER_DOMAIN:
+            raise SystemExit(f"{domain}: only {len(bench)} held-out prompts without a shared {NGRAM}-gram")
+        out[domain] = {"tune": tune, "bench": bench}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokenizer", required=True, type=Path, help="the target model directory (its tokenizer)")
+    parser.add_argument("--out", type=Path, default=HERE / "prompts")
+    args = parser.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer))
+    sets = build(tokenizer)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for domain, parts in sets.items():
+        with open(args.out / f"{domain}-tune.jsonl", "w") as f:
+            for text in parts["tune"]:
+                f.write(json.dumps({"domain": domain, "prompt": text}) + "\n")
+        with open(args.out / f"{domain}-heldout.jsonl", "w") as f:
+            for text in parts["bench"]:
+                f.write(json.dumps({"domain": domain, "prompt": text}) + "\n")
+    for domain, parts in sets.items():
+        print(f"{domain}: {len(parts['tune'])} tuning, {len(parts['bench'])} held-out prompts")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
