@@ -124,8 +124,11 @@ class ControllerConfig(_Strict):
     min_acceptance: float = Field(default=0.0, ge=0.0, le=1.0)
     #: how many recent (request, step) observations the acceptance estimate uses
     window: int = Field(default=256, ge=1)
-    #: observations needed before the controller leaves k_max for its own choice
+    #: observations needed before the controller leaves warm-up for its own choice
     min_samples: int = Field(default=16, ge=1)
+    #: tokens drafted per request during warm-up (at most the domain's k_max): low, so
+    #: that a poor draft costs little before it is found out
+    warmup_k: int = Field(default=2, ge=1)
     #: a switched-off domain drafts ``probe_k`` tokens for one request once every ``probe_interval`` steps
     probe_interval: int = Field(default=32, ge=1)
     probe_k: int = Field(default=1, ge=1)

@@ -115,7 +115,7 @@ class AcceptanceWindow:
 class DomainState:
     """What the controller does with a domain right now."""
 
-    WARMUP = "warmup"  #: too few observations: drafting k_max
+    WARMUP = "warmup"  #: too few observations: drafting controller.warmup_k
     ON = "on"  #: drafting the k that maximises S
     OFF = "off"  #: below break-even: k = 0 except probes
     FIXED = "fixed"  #: adaptive: false
@@ -330,8 +330,8 @@ class DomainController:
         if d.fixed is not None:
             return d.fixed, d.k_max if d.fixed == DomainState.FIXED else 0
         near = nearest((b for b, ch in d.choices.items() if ch.state != DomainState.WARMUP), bucket)
-        if near is None:
-            return DomainState.WARMUP, d.k_max
+        if near is None:  # warm-up: a few drafts, enough to measure, cheap if the draft is poor
+            return DomainState.WARMUP, min(self.cfg.warmup_k, d.k_max)
         choice = d.choices[near]
         return choice.state, choice.k
 

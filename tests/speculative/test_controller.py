@@ -131,10 +131,19 @@ def test_the_controller_module_still_exports_the_math():
 
 def controller(adaptive=True, k_max=4, target_bytes=None, **kw):
     """Decisions without hysteresis or calibration unless a test asks for them."""
-    kw = {"hysteresis": 0.0, "switch_after": 1, "calibration_interval": 0, **kw}
+    kw = {"hysteresis": 0.0, "switch_after": 1, "calibration_interval": 0, "warmup_k": k_max, **kw}
     cfg = ControllerConfig(adaptive=adaptive, min_samples=4, window=64, probe_interval=5, **kw)
     return DomainController(cfg, {"a": "/draft", "none": None}, {"a": k_max, "none": k_max},
                             target_bytes=target_bytes)
+
+
+def test_warmup_drafts_warmup_k_by_default():
+    """A domain not yet measured drafts controller.warmup_k (2), at most its k_max."""
+    cfg = ControllerConfig(min_samples=4, window=64)
+    ctl = DomainController(cfg, {"a": "/draft", "b": "/draft"}, {"a": 5, "b": 1})
+    ctl.step()
+    assert (ctl.k_for("a"), ctl.k_for("b")) == (2, 1)
+    assert ctl.stats()["a"].state == DomainState.WARMUP
 
 
 def feed(ctl, domain, k, n, times=10):

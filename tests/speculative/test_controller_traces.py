@@ -132,7 +132,8 @@ def replay(ctl: DomainController, machine: Machine, schedule: list[tuple[int, li
 
 
 def controller(k_max: int = 6, **kw) -> DomainController:
-    cfg = ControllerConfig(**{"window": 256, "min_samples": 16, "probe_interval": 32, **kw})
+    # warm-up at k_max (the costly case; the default warmup_k = 2 is gentler on poor drafts)
+    cfg = ControllerConfig(**{"window": 256, "min_samples": 16, "probe_interval": 32, "warmup_k": 5, **kw})
     return DomainController(cfg, DRAFT, {d: k_max for d in DRAFT})
 
 
