@@ -120,3 +120,54 @@ def test_bad_inputs_fail_with_a_clear_message(models, prompts, tmp_path, capsys,
     assert needle in err, err
     assert "Traceback" not in err + stdout
     assert not (out / "model.safetensors").exists()
+
+
+def cut(capsys, target, prompts, out, *extra):
+    rc = tune_draft.main(["--target", str(target), "--prompts", str(prompts), "--out", str(out),
+                          "--gen-tokens", "6", "--batch-size", "2", "--holdout", "2", "--k", "3", "--threads", "1",
+                          *extra])
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def test_a_draft_cut_from_the_target_borrows_and_is_tuned(models, prompts, tmp_path, capsys):
+    """--from-target-layers: only the trained layer, the norm and the head's ids are
+    stored; the draft engine loads the rest from the target; training lowers the loss."""
+    from safetensors import safe_open
+
+    from accel_plugin.speculative.llama import LlamaDraftModel
+
+    target, _, _ = models
+    out = tmp_path / "cut"
+    rc, stdout, err = cut(capsys, target, prompts, out, "--from-target-layers", "0,1", "--train-layers", "1",
+                          "--head-vocab", "64", "--steps", "30", "--lr", "0.003", "--json")
+    assert rc == 0, err
+    report = json.loads(stdout)
+    curve = report["loss_curve"]
+    assert report["head_vocab"] == 64 and sum(curve[-3:]) < sum(curve[:3])
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+    assert "model.embed_tokens.weight" not in names and not any(n.startswith("model.layers.0.") for n in names)
+    assert "accel.head_vocab" in names and any(n.startswith("model.layers.1.") for n in names)
+    model = LlamaDraftModel(out, max_len=64, initial_slots=1, target_dir=target)
+    assert model.num_layers == 2 and model.lm_head.shape[0] == 64
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--from-target-layers", "zero"], "expected layer indices like 0,1,2 or 0-3,29"),
+    (["--from-target-layers", "0,0"], "expected distinct layer indices"),
+    (["--from-target-layers", "99"], "--from-target-layers: layer indices must lie in 0.."),
+    (["--from-target-layers", "0", "--train-layers", "2"], "--train-layers must be in 0..1"),
+    (["--from-target-layers", "0", "--head-vocab", "0"], "argument --head-vocab: must be >= 1"),
+])
+def test_bad_cut_arguments_name_the_valid_values(models, prompts, tmp_path, capsys, extra, needle):
+    target, _, _ = models
+    rc, stdout, err = cut(capsys, target, prompts, tmp_path / "out", "--steps", "1", *extra)
+    assert rc == 2 and needle in err, err
+    assert "Traceback" not in err + stdout
+
+
+def test_head_vocab_needs_a_cut_draft(models, prompts, tmp_path, capsys):
+    target, draft, _ = models
+    rc, _, err = tune(capsys, target, draft, prompts, tmp_path / "out", "--head-vocab", "8")
+    assert rc == 2 and "--head-vocab and --train-layers go with --from-target-layers" in err
