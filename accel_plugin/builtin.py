@@ -1,13 +1,15 @@
-"""accel-plugin's own backends, registered through the public hooks.
+"""accel-plugin's own backends and proposer, registered through the public hooks.
 
-Capabilities are literal data here so that building the registry imports neither
-torch nor triton; tests/test_builtin.py checks they match what the kernels accept
-(``accel_plugin.kernels.SUPPORTED_HEAD_SIZES`` and friends).
+The backends' capabilities are the kernels' own limits
+(:mod:`accel_plugin.kernels.limits`, plain data: building the registry imports
+neither torch nor triton). The proposer is the framework-neutral
+:class:`accel_plugin.speculative.DomainProposer`; each framework adapter wraps it.
 """
 
 from __future__ import annotations
 
 from .hookspecs import AdapterComponents, hookimpl
+from .kernels import limits
 from .registry import BackendRegistry, BackendSpec, Capabilities, ProposerRegistry, ProposerSpec
 
 ACCEL_FLASH = "ACCEL_FLASH"
@@ -21,12 +23,11 @@ _FEATURES = frozenset(
     {"prefix_caching", "chunked_prefill", "spec_decode", "sliding_window", "softcap", "gqa"}
 )
 _CAPABILITIES = Capabilities(
-    dtypes=("float16", "bfloat16", "float32"),
-    head_sizes=(32, 64, 80, 96, 128, 256),
-    block_sizes=(16, 32, 64, 128, 256),
+    dtypes=limits.DTYPE_NAMES,
+    head_sizes=limits.HEAD_SIZES,
+    block_sizes=limits.BLOCK_SIZES,
     devices=("cuda", "cpu"),
-    # bf16 tl.dot needs Ampere; below that nothing here has been tested.
-    min_cuda_capability=(8, 0),
+    min_cuda_capability=limits.MIN_CUDA_CAPABILITY,
     features=_FEATURES,
 )
 
@@ -59,7 +60,7 @@ def accel_register_proposers(registry: ProposerRegistry) -> None:
     registry.register(
         ProposerSpec(
             name=ACCEL_DOMAIN_DRAFT,
-            class_path="accel_plugin.adapters.vllm:DomainDraftProposer",
+            class_path="accel_plugin.speculative:DomainProposer",
             description="domain-tuned draft-model proposer (YAML from ACCEL_DRAFT_CONFIG)",
             frameworks=("vllm",),
         )

@@ -13,8 +13,9 @@ Each hook is documented for users in docs/hooks.md (a test checks it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -49,8 +50,10 @@ class SelectionContext:
 class AdapterComponents:
     """What an adapter should install into its framework, filled by plugins.
 
-    ``attention_backends`` and ``proposers`` hold registry names; ``notes`` are free
-    text the adapter logs at DEBUG level.
+    ``attention_backends`` and ``proposers`` hold registry names, best first: the
+    adapter installs those backends it has framework classes for, and drives the
+    first proposer through the registry. ``notes`` are free text the adapter logs
+    at DEBUG level when it loads.
     """
 
     framework: str
@@ -98,4 +101,16 @@ def accel_adapter_components(components: AdapterComponents) -> None:
     Called by an adapter when it is loaded by its framework. Append registry names
     to ``components.attention_backends`` / ``components.proposers``. Names must
     exist in the registries; the adapter raises ``UnknownNameError`` otherwise.
+    """
+
+
+@hookspec(firstresult=True)
+def accel_demo_harness(framework: str) -> Callable[..., Any] | None:
+    """The side-by-side runner behind ``accel demo`` for ``framework`` ("vllm").
+
+    Implemented by a framework adapter's hook module (``accel_plugin.adapters.vllm.hooks``,
+    loaded through its ``accel_plugin`` entry point), so the core never imports an
+    adapter. Return a callable with the signature of
+    ``accel_plugin.adapters.vllm.demo.run_side_by_side``, or ``None`` for another
+    framework. firstresult: the first non-``None`` answer wins.
     """

@@ -27,9 +27,6 @@ __all__ = [
     "import_object",
 ]
 
-DTYPES = ("float16", "bfloat16", "float32")
-
-
 class UnknownNameError(KeyError):
     """A backend or proposer name that no plugin registered."""
 
@@ -62,19 +59,20 @@ def import_object(path: str) -> object:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What an attention backend supports.
+    """What an attention backend supports; a backend declares its own numbers.
 
-    ``block_sizes`` lists the KV-cache block sizes (tokens per block) it accepts;
-    ``min_cuda_capability`` is ``(major, minor)`` or ``None`` for no minimum;
+    ``dtypes`` are torch dtype names (``"bfloat16"``); ``block_sizes`` lists the
+    KV-cache block sizes (tokens per block) it accepts; ``min_cuda_capability`` is
+    ``(major, minor)``. A field left as ``None`` declares no restriction.
     ``features`` names optional abilities, e.g. ``prefix_caching``,
     ``chunked_prefill``, ``spec_decode``, ``sliding_window``, ``softcap``.
     """
 
-    dtypes: tuple[str, ...] = DTYPES
-    head_sizes: tuple[int, ...] = (32, 64, 80, 96, 128, 256)
-    block_sizes: tuple[int, ...] = (16, 32, 64, 128, 256)
-    devices: tuple[str, ...] = ("cuda", "cpu")
-    min_cuda_capability: tuple[int, int] | None = (8, 0)
+    dtypes: tuple[str, ...] | None = None
+    head_sizes: tuple[int, ...] | None = None
+    block_sizes: tuple[int, ...] | None = None
+    devices: tuple[str, ...] | None = None
+    min_cuda_capability: tuple[int, int] | None = None
     features: frozenset[str] = field(default_factory=frozenset)
 
     def check(
@@ -92,16 +90,16 @@ class Capabilities:
         Arguments left as ``None`` are not checked.
         """
         reasons: list[str] = []
-        if device is not None and device not in self.devices:
+        if device is not None and self.devices is not None and device not in self.devices:
             reasons.append(f"device {device!r} not supported (supported: {', '.join(self.devices)})")
-        if dtype is not None:
+        if dtype is not None and self.dtypes is not None:
             name = str(dtype).removeprefix("torch.")
             if name not in self.dtypes:
                 reasons.append(f"dtype {name} not supported (supported: {', '.join(self.dtypes)})")
-        if head_size is not None and head_size not in self.head_sizes:
+        if head_size is not None and self.head_sizes is not None and head_size not in self.head_sizes:
             sizes = ", ".join(map(str, self.head_sizes))
             reasons.append(f"head size {head_size} not supported (supported: {sizes})")
-        if block_size is not None and block_size not in self.block_sizes:
+        if block_size is not None and self.block_sizes is not None and block_size not in self.block_sizes:
             sizes = ", ".join(map(str, self.block_sizes))
             reasons.append(f"block size {block_size} not supported (supported: {sizes})")
         if (
@@ -135,7 +133,13 @@ class BackendSpec:
 
 @dataclass(frozen=True)
 class ProposerSpec:
-    """A speculative-decoding proposer; ``frameworks`` maps framework -> class path."""
+    """A speculative-decoding proposer.
+
+    ``class_path`` names the framework-neutral implementation (for our own,
+    :class:`accel_plugin.speculative.DomainProposer`); ``frameworks`` lists the
+    frameworks whose adapters can drive it. An adapter resolves the proposer by
+    name through the registry and wraps it in its framework's proposer interface.
+    """
 
     name: str
     class_path: str

@@ -11,18 +11,47 @@ tensors' device (see :func:`runtime_mode`):
   one-time ``RuntimeWarning``.
 
 Documentation: docs/kernels.md.
+
+Names are imported on first use (PEP 562), so that reading
+:mod:`~accel_plugin.kernels.limits` (what the kernels accept, plain data)
+imports neither torch nor triton.
 """
 
 from __future__ import annotations
 
-from . import reference
-from ._runtime import runtime_mode, runtime_mode_reason
-from ._validation import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, SUPPORTED_DTYPES, SUPPORTED_HEAD_SIZES
-from .flash_attn import flash_attn_varlen_func
-from .kv_cache import write_kv_cache
-from .paged_attn import paged_attention
+import importlib
+
+#: public name -> the submodule that defines it
+_LAZY = {
+    "reference": None,
+    "limits": None,
+    "runtime_mode": "_runtime",
+    "runtime_mode_reason": "_runtime",
+    "MAX_BLOCK_SIZE": "_validation",
+    "MIN_BLOCK_SIZE": "_validation",
+    "SUPPORTED_DTYPES": "_validation",
+    "SUPPORTED_HEAD_SIZES": "_validation",
+    "flash_attn_varlen_func": "flash_attn",
+    "write_kv_cache": "kv_cache",
+    "paged_attention": "paged_attn",
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _LAZY[name]
+    if module is None:
+        return importlib.import_module(f"{__name__}.{name}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
+    "limits",
     "MAX_BLOCK_SIZE",
     "MIN_BLOCK_SIZE",
     "SUPPORTED_DTYPES",

@@ -17,10 +17,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-SUPPORTED_HEAD_SIZES: tuple[int, ...] = (32, 64, 80, 96, 128, 256)
-SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
-MIN_BLOCK_SIZE = 16
-MAX_BLOCK_SIZE = 256
+from . import limits
+
+SUPPORTED_HEAD_SIZES: tuple[int, ...] = limits.HEAD_SIZES
+SUPPORTED_DTYPES: tuple[torch.dtype, ...] = tuple(getattr(torch, name) for name in limits.DTYPE_NAMES)
+MIN_BLOCK_SIZE = limits.MIN_BLOCK_SIZE
+MAX_BLOCK_SIZE = limits.MAX_BLOCK_SIZE
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
                 torch.float64: "float64"}

@@ -27,3 +27,32 @@ def test_builtin_plugin_offers_both_backends_to_the_adapters():
     other = AdapterComponents(framework="sglang")
     pm.hook.accel_adapter_components(components=other)
     assert other.attention_backends == []
+
+
+def test_the_proposer_registered_is_the_core_one():
+    """The core names no adapter: the registry holds the framework-neutral proposer."""
+    from accel_plugin.speculative import DomainProposer
+
+    spec = get_registries(get_plugin_manager({})).proposers.get("ACCEL_DOMAIN_DRAFT")
+    assert spec.load() is DomainProposer
+    assert not spec.class_path.startswith("accel_plugin.adapters")
+    assert spec.frameworks == ("vllm",)
+
+
+def test_capability_numbers_come_from_the_kernels_limits():
+    from accel_plugin.kernels import limits
+
+    caps = builtin._CAPABILITIES
+    assert (caps.head_sizes, caps.dtypes, caps.min_cuda_capability) == (
+        limits.HEAD_SIZES, limits.DTYPE_NAMES, limits.MIN_CUDA_CAPABILITY)
+    assert caps.block_sizes == (16, 32, 64, 128, 256)
+
+
+def test_reading_the_limits_imports_neither_torch_nor_triton():
+    import subprocess
+    import sys
+
+    code = ("import sys; import accel_plugin.builtin, accel_plugin.kernels.limits; "
+            "print(sorted({'torch', 'triton'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -65,3 +65,65 @@ def test_manager_is_not_built_at_import():
     import accel_plugin.manager as manager
 
     assert not any(isinstance(v, pluggy.PluginManager) for v in vars(manager).values())
+
+
+def test_own_adapter_hooks_always_load_and_answer_for_their_framework():
+    """The vLLM adapter is a plugin of the core (its own entry point), unaffected by
+    the third-party allowlist; the core reaches its demo runner only through a hook."""
+    for environ in ({}, {envs.ACCEL_PLUGINS: ""}):
+        pm = get_plugin_manager(environ)
+        assert "accel.vllm" in plugin_names(pm)
+        harness = pm.hook.accel_demo_harness(framework="vllm")
+        assert f"{harness.__module__}.{harness.__name__}" == "accel_plugin.adapters.vllm.demo.run_side_by_side"
+        assert pm.hook.accel_demo_harness(framework="tgi") is None
+
+
+def test_process_plugins_are_built_once(monkeypatch):
+    import accel_plugin.manager as manager
+
+    loads = []
+    real = manager._installed_entry_points
+    monkeypatch.setattr(manager, "_installed_entry_points", lambda: loads.append(1) or real())
+    manager.reset_process_plugins()
+    try:
+        first = manager.process_plugins()
+        assert manager.process_plugins() is first
+        assert first.components("vllm") is first.components("vllm")
+        assert len(loads) == 1
+    finally:
+        manager.reset_process_plugins()
+
+
+def test_components_must_name_registered_proposers_for_the_framework(plugin_distribution):
+    from accel_plugin.manager import load_plugins
+    from accel_plugin.registry import UnknownNameError
+
+    plugin_distribution("offers_unknown", (
+        "from accel_plugin import hookimpl\n"
+        "@hookimpl\n"
+        "def accel_adapter_components(components):\n"
+        "    components.proposers.append('NOPE')\n"
+    ), "offers_unknown")
+    with pytest.raises(UnknownNameError, match="unknown proposer 'NOPE'; known proposers: ACCEL_DOMAIN_DRAFT"):
+        load_plugins({}).components("vllm")
+
+
+def test_components_refuse_a_proposer_not_made_for_the_framework():
+    from accel_plugin.manager import load_plugins
+
+    from accel_plugin import hookimpl
+
+    plugins = load_plugins({})
+    assert plugins.components("vllm").proposers == ["ACCEL_DOMAIN_DRAFT"]
+    assert plugins.components("tgi").proposers == []  # no TGI adapter drives it yet
+
+    class Offer:
+        @staticmethod
+        @hookimpl
+        def accel_adapter_components(components):
+            components.proposers.append("ACCEL_DOMAIN_DRAFT")
+
+    plugins = load_plugins({})
+    plugins.pm.register(Offer, name="offer-to-sglang")
+    with pytest.raises(ValueError, match="offered to sglang but declares frameworks vllm"):
+        plugins.components("sglang")

@@ -40,6 +40,13 @@ def test_capabilities_check_gives_reasons():
     assert caps.check(device="cpu") == ["device 'cpu' not supported (supported: cuda)"]
 
 
+def test_capabilities_left_unset_restrict_nothing():
+    """A plugin declares its own numbers; fields it leaves out impose nothing."""
+    caps = Capabilities(devices=("cuda",))
+    assert caps.check(device="cuda", dtype="float64", head_size=72, block_size=8, cuda_capability=(6, 0)) == []
+    assert caps.check(device="cpu") == ["device 'cpu' not supported (supported: cuda)"]
+
+
 def test_class_paths_are_imported_lazily():
     spec = BackendSpec("A", "collections:OrderedDict")
     from collections import OrderedDict

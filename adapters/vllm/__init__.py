@@ -4,7 +4,11 @@ vLLM calls :func:`register` through the ``vllm.general_plugins`` entry point, on
 every process it starts (API server, engine core, workers). vLLM is imported lazily,
 inside the functions, so importing this module stays cheap.
 
-What :func:`register` installs (docs/vllm.md has the user's view):
+:func:`register` builds the process's accel plugins once
+(:func:`accel_plugin.manager.process_plugins`); the backend classes and the
+proposer reuse them. It asks them what to install for ``vllm``
+(``accel_adapter_components``) and installs, in the order of the patch ledger
+(:mod:`._patches`; docs/vllm.md has the user's view):
 
 1. the names ``ACCEL_FLASH`` and ``ACCEL_PAGED`` in vLLM's backend registry, so
    ``--attention-backend ACCEL_FLASH`` parses and resolves to our classes;
@@ -35,6 +39,8 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 _REGISTERED = False
+#: The name this adapter asks the accel plugins about (``AdapterComponents.framework``).
+FRAMEWORK = "vllm"
 
 
 def _logger():
@@ -44,7 +50,7 @@ def _logger():
     return init_logger("vllm.accel_plugin")
 
 
-def _env_choice(logger, installable: list[str]) -> tuple[str | None, str | None]:
+def _env_choice(logger, plugins, installable: list[str]) -> tuple[str | None, str | None]:
     """(setting, backend) that ACCEL_ATTENTION_BACKEND selects on this device.
 
     ``auto`` only considers ``installable``: backends this adapter has vLLM classes for.
@@ -61,6 +67,8 @@ def _env_choice(logger, installable: list[str]) -> tuple[str | None, str | None]
         capability = (cap.major, cap.minor) if cap is not None else None
     selection = select_attention_backend(
         SelectionContext(framework="vllm", device=device, cuda_capability=capability),
+        pm=plugins.pm,
+        registries=plugins.registries,
         allowed=installable,
     )
     if selection.refused:
@@ -69,8 +77,9 @@ def _env_choice(logger, installable: list[str]) -> tuple[str | None, str | None]
     return selection.setting, selection.backend
 
 
-def _install(logger, names: list[str]) -> str:
-    """Register names, the selector patch and the env choice; returns a summary."""
+def _install(logger, plugins, names: list[str]) -> str:
+    """Register names, the selector patch and the env choice (the patches of
+    :mod:`._patches`, in ledger order); returns a summary."""
     from . import _compat, _patches
     from .backend import BACKEND_CLASS_PATHS
 
@@ -82,7 +91,7 @@ def _install(logger, names: list[str]) -> str:
         else:
             logger.debug("accel-plugin: backend %s has no vLLM adapter class; not registered", name)
     platform_cls = _patches.install()
-    setting, backend = _env_choice(logger, installable)
+    setting, backend = _env_choice(logger, plugins, installable)
     _patches.set_env_choice(backend, setting)
     if backend is None:
         return "ACCEL_ATTENTION_BACKEND unset" if setting is None else f"ACCEL_ATTENTION_BACKEND={setting} refused"
@@ -102,16 +111,14 @@ def register() -> None:
         logger.debug("accel-plugin: register() already ran in process %d", os.getpid())
         return
     try:
-        from accel_plugin.hookspecs import AdapterComponents
-        from accel_plugin.manager import get_plugin_manager, get_registries
+        from accel_plugin.manager import process_plugins
 
-        pm = get_plugin_manager()
-        registries = get_registries(pm)
-        components = AdapterComponents(framework="vllm")
-        pm.hook.accel_adapter_components(components=components)
-        for name in components.attention_backends:
-            registries.backends.get(name)  # unknown names fail loudly here
-        summary = _install(logger, components.attention_backends)
+        # Built once per process; the backends and the proposer reuse it.
+        plugins = process_plugins()
+        components = plugins.components(FRAMEWORK)  # unknown names fail loudly here
+        for note in components.notes:
+            logger.debug("accel-plugin: %s", note)
+        summary = _install(logger, plugins, components.attention_backends)
         _REGISTERED = True
         logger.info(
             "accel-plugin loaded in process %d; attention backends available: %s; %s",
@@ -127,12 +134,8 @@ def register() -> None:
 def _undo(logger) -> None:
     """Leave vLLM's own selection in place after a failed register()."""
     try:
-        from . import _compat, _patches
-        from .backend import BACKEND_CLASS_PATHS
+        from . import _patches
 
-        _patches.set_env_choice(None)
-        _patches.uninstall()
-        if _compat.AttentionBackendEnum.CPU_ATTN.get_path() in BACKEND_CLASS_PATHS.values():
-            _compat.override_cpu_backend(None)
+        _patches.undo_all()
     except Exception:  # pragma: no cover - best effort
         logger.debug("accel-plugin: could not undo a partial registration", exc_info=True)

@@ -12,7 +12,13 @@ is the only one to change:
   ``selected_backend`` and returns ``CPU_ATTN.get_path()``;
 * a layer's KV cache reaches the backend as one logical ``[num_blocks,
   num_kv_heads, block_size, 2 * head_size]`` view whose physical order is a
-  ``KVCacheLayout`` the backend declares (``supported_kv_cache_layouts``).
+  ``KVCacheLayout`` the backend declares (``supported_kv_cache_layouts``);
+* ``AttentionBackend.validate_configuration`` returns short reason strings
+  (:data:`VALIDATION_REASONS`), which the backend rewrites for users;
+* speculative-decoding counters are the metrics named ``vllm:spec_decode_*``
+  (:data:`SPEC_DECODE_METRIC_PREFIX`);
+* the attention layers of a loaded model are found with
+  ``get_layers_from_vllm_config(config, Attention)`` (:func:`attention_backend_names`).
 
 Importing this module imports vLLM; import it lazily.
 """
@@ -22,6 +28,7 @@ from __future__ import annotations
 import torch
 from vllm import __version__ as VLLM_VERSION
 from vllm.logger import init_logger
+from vllm.utils.import_utils import resolve_obj_by_qualname
 from vllm.utils.torch_utils import is_quantized_kv_cache
 from vllm.v1.attention.backend import (
     AttentionBackend,
@@ -45,6 +52,9 @@ __all__ = [
     "CommonAttentionMetadata",
     "KV_CACHE_LAYOUTS",
     "SELECTOR_METHOD",
+    "SPEC_DECODE_METRIC_PREFIX",
+    "VALIDATION_REASONS",
+    "attention_backend_names",
     "backend_member",
     "current_platform",
     "is_quantized_kv_cache",
@@ -52,6 +62,7 @@ __all__ = [
     "override_cpu_backend",
     "platform_ignores_selected_backend",
     "register_backend_name",
+    "resolve_obj_by_qualname",
     "seq_lens_cpu",
     "split_kv_cache",
 ]
@@ -66,6 +77,20 @@ KV_CACHE_LAYOUTS = (KVCacheLayout.LBNHC, KVCacheLayout.LBHNC)
 
 #: The platform classmethod that turns a requested backend into a class path.
 SELECTOR_METHOD = "get_attn_backend_cls"
+
+#: What ``AttentionBackend.validate_configuration`` returns, by the setting it refuses
+#: (vllm/v1/attention/backend.py); the backend turns each into a user's message.
+VALIDATION_REASONS = {
+    "head_size": "head_size not supported",
+    "dtype": "dtype not supported",
+    "kv_cache_dtype": "kv_cache_dtype not supported",
+    "block_size": "block_size not supported",
+    "mla": "MLA not supported",
+    "compute_capability": "compute capability not supported",
+}
+
+#: Prefix of vLLM's speculative-decoding metrics (``LLM.get_metrics()``, ``/metrics``).
+SPEC_DECODE_METRIC_PREFIX = "vllm:spec_decode_"
 
 
 def current_platform():
@@ -120,3 +145,13 @@ def seq_lens_cpu(common: CommonAttentionMetadata) -> torch.Tensor | None:
     if common.seq_lens.device.type == "cpu":
         return common.seq_lens
     return getattr(common, "seq_lens_cpu_upper_bound", None)
+
+
+def attention_backend_names(vllm_config) -> list[str]:
+    """The backend name of every attention layer of the model loaded with ``vllm_config``
+    (call it in the worker, where the model lives)."""
+    from vllm.config import get_layers_from_vllm_config
+    from vllm.model_executor.layers.attention import Attention
+
+    layers = get_layers_from_vllm_config(vllm_config, Attention)
+    return sorted({layer.attn_backend.get_name() for layer in layers.values()})

@@ -1,7 +1,25 @@
-"""The one monkeypatch accel-plugin applies to vLLM, with its ledger.
+"""Every change accel-plugin makes to vLLM's state, with its ledger.
 
-Patch: the current platform's ``get_attn_backend_cls`` (vLLM's backend selector)
----------------------------------------------------------------------------------
+:data:`LEDGER` lists them (a test checks each is undone by :func:`undo_all`).
+:func:`accel_plugin.adapters.vllm.register` applies them; after a failed
+``register()`` it calls :func:`undo_all`, which leaves vLLM choosing as before.
+
+1. Backend names (``register_backend``, vLLM's public API)
+----------------------------------------------------------
+target
+    ``AttentionBackendEnum`` gains the members ``ACCEL_FLASH`` and ``ACCEL_PAGED``
+    (``_compat.register_backend_name``).
+why
+    so that ``--attention-backend ACCEL_FLASH`` parses and resolves to our class.
+how it is undone
+    vLLM has no way to remove an enum member, so the names stay; they resolve to
+    our classes and are used only when requested by name (nothing selects them
+    once the selector patch and the env choice are gone).
+upstream change that would remove it
+    none needed: this is vLLM's intended extension point.
+
+2. The selector: the current platform's ``get_attn_backend_cls`` (a monkeypatch)
+--------------------------------------------------------------------------------
 target
     ``type(vllm.platforms.current_platform).get_attn_backend_cls``, a classmethod
     (see ``_compat.SELECTOR_METHOD``).
@@ -17,21 +35,58 @@ why
        raises at start-up with the reasons, as vLLM does on CUDA.
     Requests that name no accel backend go to vLLM's method unchanged.
 how it is undone
-    :func:`uninstall` restores the original attribute. Installing twice is a no-op.
+    :func:`uninstall` restores the original attribute (and :func:`set_env_choice`
+    with ``None`` forgets the variable's choice). Installing twice is a no-op.
 upstream change that would remove it
     a platform-independent way for a general plugin to set the default attention
     backend, and the CPU platform honouring ``selected_backend`` for backends
-    registered with ``register_backend`` (then only ``register_backend`` is needed).
+    registered with ``register_backend`` (then only patch 1 is needed).
+
+3. The CPU backend override (``register_backend(CPU_ATTN, ...)``, vLLM's public API)
+------------------------------------------------------------------------------------
+target
+    ``AttentionBackendEnum.CPU_ATTN`` resolves to our backend class
+    (``_compat.override_cpu_backend``); only on the CPU platform and only when
+    ``ACCEL_ATTENTION_BACKEND`` selected a backend.
+why
+    parts of vLLM's CPU worker resolve ``CPU_ATTN`` directly, not through the
+    selector; the override makes them see the backend the variable chose.
+how it is undone
+    ``override_cpu_backend(None)`` (vLLM's ``clear_override``), done by
+    :func:`undo_all` when the override points at one of our classes.
+upstream change that would remove it
+    the CPU platform honouring ``selected_backend`` (as for patch 2).
 """
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 from . import _compat
 from .backend import BACKEND_CLASS_PATHS
 
-__all__ = ["install", "installed", "set_env_choice", "uninstall"]
+__all__ = [
+    "LEDGER", "Patch", "cpu_override_active", "install", "installed", "set_env_choice", "undo_all",
+    "uninstall",
+]
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One entry of the ledger (the module docstring has the details)."""
+
+    name: str
+    target: str
+    undo: str
+
+
+LEDGER = (
+    Patch("backend names", "AttentionBackendEnum.ACCEL_FLASH / ACCEL_PAGED",
+          "cannot be removed from vLLM's enum; inert once patches 2 and 3 are undone"),
+    Patch("selector", f"<current platform>.{_compat.SELECTOR_METHOD}", "uninstall()"),
+    Patch("CPU backend override", "AttentionBackendEnum.CPU_ATTN", "override_cpu_backend(None)"),
+)
 
 _ORIGINAL_ATTR = "__accel_original__"
 _state: dict[str, object] = {"env_choice": None, "env_setting": None, "warned": set()}
@@ -63,10 +118,8 @@ def _requested(selected_backend) -> str | None:
 
 def _validate_here(name: str, attn_selector_config) -> str:
     """What vLLM's CUDA platform does for a selected backend, for platforms that skip it."""
-    from vllm.utils.import_utils import resolve_obj_by_qualname
-
     path = BACKEND_CLASS_PATHS[name]
-    backend_cls = resolve_obj_by_qualname(path)
+    backend_cls = _compat.resolve_obj_by_qualname(path)
     reasons = backend_cls.validate_configuration(
         device_capability=None, **attn_selector_config._asdict()
     )
@@ -125,3 +178,16 @@ def uninstall(platform_cls=None) -> None:
         delattr(platform_cls, _compat.SELECTOR_METHOD)
     else:
         setattr(platform_cls, _compat.SELECTOR_METHOD, classmethod(original))
+
+
+def cpu_override_active() -> bool:
+    """``CPU_ATTN`` currently resolves to one of our backend classes (patch 3)."""
+    return _compat.AttentionBackendEnum.CPU_ATTN.get_path() in BACKEND_CLASS_PATHS.values()
+
+
+def undo_all(platform_cls=None) -> None:
+    """Undo patches 2 and 3 (patch 1 cannot be undone, see the ledger)."""
+    set_env_choice(None)
+    uninstall(platform_cls)
+    if cpu_override_active():
+        _compat.override_cpu_backend(None)

@@ -18,7 +18,6 @@ accel registry. vLLM sees:
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 from typing import ClassVar
@@ -55,9 +54,6 @@ BACKEND_CLASS_PATHS = {
     ACCEL_PAGED: f"{__name__}.AccelPagedBackend",
 }
 
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-
-
 def fallback_hint(name: str) -> str:
     return (
         f"to use vLLM's own attention backend instead, unset ACCEL_ATTENTION_BACKEND "
@@ -65,11 +61,12 @@ def fallback_hint(name: str) -> str:
     )
 
 
-@functools.cache
 def _spec(name: str):
-    from accel_plugin.manager import get_plugin_manager, get_registries
+    """The accel registry's spec of ``name``, from this process's one plugin manager
+    (built by :func:`accel_plugin.adapters.vllm.register`)."""
+    from accel_plugin.manager import process_plugins
 
-    return get_registries(get_plugin_manager()).backends.get(name)
+    return process_plugins().registries.backends.get(name)
 
 
 @dataclass
@@ -246,7 +243,6 @@ class _AccelBackend(AttentionBackend):
 
     backend_name: ClassVar[str]
     forward_includes_kv_cache_update: bool = False
-    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
     # "auto" = the model dtype, the only layout the kernels read. fp8 and other
     # quantized caches, or a cache dtype other than the model's, are refused.
     supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto"]
@@ -261,15 +257,16 @@ class _AccelBackend(AttentionBackend):
 
     @classmethod
     def get_supported_kernel_block_sizes(cls, kv_cache_spec=None) -> list[int]:
-        return list(cls.capabilities().block_sizes)
+        return list(cls.capabilities().block_sizes or ())
 
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
-        return list(cls.capabilities().head_sizes)
+        return list(cls.capabilities().head_sizes or ())
 
     @classmethod
     def supports_dtype(cls, dtype: torch.dtype) -> bool:
-        return any(_DTYPES.get(name) == dtype for name in cls.capabilities().dtypes)
+        dtypes = cls.capabilities().dtypes
+        return dtypes is None or str(dtype).removeprefix("torch.") in dtypes
 
     @classmethod
     def supported_kv_cache_layouts(cls):
@@ -299,21 +296,25 @@ class _AccelBackend(AttentionBackend):
 
 def _explain(cls: type[_AccelBackend], reason: str, config: dict) -> str:
     caps = cls.capabilities()
+
+    def listed(values) -> str:
+        return ", ".join(map(str, values)) if values else "any"
+
     details = {
-        "head_size not supported": lambda: f"head size {config.get('head_size')} is not supported "
-        f"(supported: {', '.join(map(str, caps.head_sizes))})",
-        "dtype not supported": lambda: f"dtype {config.get('dtype')} is not supported "
-        f"(supported: {', '.join(caps.dtypes)})",
-        "kv_cache_dtype not supported": lambda: f"kv_cache_dtype {config.get('kv_cache_dtype')} is not "
+        "head_size": lambda: f"head size {config.get('head_size')} is not supported "
+        f"(supported: {listed(caps.head_sizes)})",
+        "dtype": lambda: f"dtype {config.get('dtype')} is not supported (supported: {listed(caps.dtypes)})",
+        "kv_cache_dtype": lambda: f"kv_cache_dtype {config.get('kv_cache_dtype')} is not "
         "supported (quantized KV caches are not implemented; use --kv-cache-dtype auto)",
-        "block_size not supported": lambda: f"block size {config.get('block_size')} is not supported "
-        f"(supported: multiples of {', '.join(map(str, caps.block_sizes))})",
-        "MLA not supported": lambda: "MLA (multi-head latent attention) models are not supported",
-        "compute capability not supported": lambda: "CUDA compute capability "
+        "block_size": lambda: f"block size {config.get('block_size')} is not supported "
+        f"(supported: multiples of {listed(caps.block_sizes)})",
+        "mla": lambda: "MLA (multi-head latent attention) models are not supported",
+        "compute_capability": lambda: "CUDA compute capability "
         f"{config.get('device_capability')} is below the required "
         f"{'.'.join(map(str, caps.min_cuda_capability or ()))}",
     }
-    text = details[reason]() if reason in details else reason
+    by_reason = {_compat.VALIDATION_REASONS[key]: explain for key, explain in details.items()}
+    text = by_reason[reason]() if reason in by_reason else reason
     return f"{cls.backend_name}: {text}; {fallback_hint(cls.backend_name)}"
 
 

@@ -46,21 +46,21 @@ def spec_config(num_speculative_tokens: int = 5) -> dict:
 
 
 def _spec_counters(llm: Any) -> dict:
+    from ._compat import SPEC_DECODE_METRIC_PREFIX
+
     out: dict[str, Any] = {}
     for metric in llm.get_metrics():
-        if metric.name.startswith("vllm:spec_decode_"):
-            key = metric.name.removeprefix("vllm:spec_decode_")
+        if metric.name.startswith(SPEC_DECODE_METRIC_PREFIX):
+            key = metric.name.removeprefix(SPEC_DECODE_METRIC_PREFIX)
             out[key] = list(metric.values) if hasattr(metric, "values") else metric.value
     return out
 
 
 def _attention_backends(worker: Any) -> list[str]:
     """Runs in the worker (``collective_rpc``): the backend of every attention layer."""
-    from vllm.config import get_layers_from_vllm_config
-    from vllm.model_executor.layers.attention import Attention
+    from ._compat import attention_backend_names
 
-    layers = get_layers_from_vllm_config(worker.vllm_config, Attention)
-    return sorted({layer.attn_backend.get_name() for layer in layers.values()})
+    return attention_backend_names(worker.vllm_config)
 
 
 def _emit(kind: str, payload: dict) -> None:

@@ -9,10 +9,13 @@
 
 vLLM builds ``DomainDraftProposer(vllm_config)`` in the worker process, calls
 ``load_model(target_model)`` once, then ``propose(...)`` after every sampling step
-(vllm/v1/worker/gpu_model_runner.py, ``propose_draft_token_ids``). All the work is
-done by :class:`accel_plugin.speculative.DomainProposer`; this class translates
-vLLM's configuration and validates the draft YAML against the target at start-up,
-so that a bad file stops the engine with a message naming the key.
+(vllm/v1/worker/gpu_model_runner.py, ``propose_draft_token_ids``). The work is done
+by the framework-neutral proposer that the accel plugins offer to vLLM
+(``accel_adapter_components``: the first of ``components.proposers``, by default
+``ACCEL_DOMAIN_DRAFT`` = :class:`accel_plugin.speculative.DomainProposer`), resolved
+through the proposer registry. This class translates vLLM's configuration and
+validates the draft YAML against the target at start-up, so that a bad file stops
+the engine with a message naming the key.
 
 Per-domain counters from Python: start the engine with our worker extension and
 ask every worker (works in vLLM's multiprocess mode, where the proposer lives in
@@ -69,13 +72,31 @@ class SpeculationStatsExtension:
         return collect_stats()
 
 
+def _core_proposer() -> tuple[str, type]:
+    """(name, class) of the proposer the accel plugins offer to vLLM, from this
+    process's registry (the one :func:`accel_plugin.adapters.vllm.register` built)."""
+    from accel_plugin.manager import process_plugins
+
+    from . import FRAMEWORK
+
+    plugins = process_plugins()
+    offered = plugins.components(FRAMEWORK).proposers
+    if not offered:
+        known = ", ".join(plugins.registries.proposers.names()) or "(none registered)"
+        raise RuntimeError(
+            f"no accel plugin offers a speculative proposer to vLLM (accel_adapter_components); "
+            f"registered proposers: {known}; see `accel doctor`"
+        )
+    name = offered[0]
+    return name, plugins.registries.proposers.get(name).load()
+
+
 class DomainDraftProposer:
     """vLLM ``custom_class`` proposer; configuration from ``ACCEL_DRAFT_CONFIG``."""
 
     def __init__(self, vllm_config: Any):
         from accel_plugin import envs
         from accel_plugin.config import ConfigIssue, DraftConfigError, check_against_target, load_draft_config
-        from accel_plugin.speculative import DomainProposer
 
         path = envs.draft_config_path()
         if path is None:
@@ -100,7 +121,8 @@ class DomainDraftProposer:
         self._tokenizer = self._load_tokenizer(model_config)
         dtype = model_config.dtype if config.dtype == "auto" else getattr(__import__("torch"), config.dtype)
         device = vllm_config.device_config.device
-        self.core = DomainProposer(
+        self.proposer_name, proposer_cls = _core_proposer()
+        self.core = proposer_cls(
             config,
             self._detokenize,
             max_len=model_config.max_model_len,
@@ -112,8 +134,8 @@ class DomainDraftProposer:
         )
         _LIVE.add(self)
         _logger().info(
-            "accel-plugin domain proposer: config %s, domains %s, k_max %d, adaptive %s",
-            path, ", ".join(f"{d}->{p or 'none'}" for d, p in config.drafts().items()),
+            "accel-plugin proposer %s: config %s, domains %s, k_max %d, adaptive %s",
+            self.proposer_name, path, ", ".join(f"{d}->{p or 'none'}" for d, p in config.drafts().items()),
             config.num_speculative_tokens, config.controller.adaptive,
         )
 

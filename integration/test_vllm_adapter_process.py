@@ -1,0 +1,78 @@
+"""The vLLM adapter inside one process: plugins built once, every patch undone.
+
+Each test runs a fresh Python process (vLLM's platform classes and backend enum are
+process-wide state), imports vLLM's CPU build and calls the adapter's ``register()``
+as vLLM's entry point does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+
+def _run(code: str, **env: str) -> dict:
+    environ = {**os.environ, **env}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=environ, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_one_plugin_manager_per_process():
+    """register(), the backend classes and the proposer share one manager: entry points load once."""
+    out = _run("""
+        import json
+        from accel_plugin import manager
+        loads = []
+        real = manager._installed_entry_points
+        manager._installed_entry_points = lambda: loads.append(1) or real()
+
+        import accel_plugin.adapters.vllm as adapter
+        from accel_plugin.adapters.vllm import backend, proposer
+        adapter.register()
+        head_sizes = backend.AccelFlashBackend.get_supported_head_sizes()
+        backend.AccelPagedBackend.get_supported_kernel_block_sizes()
+        name, cls = proposer._core_proposer()
+        print(json.dumps({"loads": len(loads), "registered": adapter._REGISTERED, "proposer": name,
+                          "proposer_class": f"{cls.__module__}.{cls.__name__}", "head_sizes": head_sizes}))
+    """, ACCEL_ATTENTION_BACKEND="")
+    assert out["registered"]
+    assert out["loads"] == 1, out
+    assert out["proposer"] == "ACCEL_DOMAIN_DRAFT"
+    assert out["proposer_class"] == "accel_plugin.speculative.proposer.DomainProposer"
+    assert out["head_sizes"] == [32, 64, 80, 96, 128, 256]
+
+
+def test_every_patch_in_the_ledger_is_applied_and_undone():
+    """With ACCEL_ATTENTION_BACKEND=flash on CPU: names, selector and CPU_ATTN override are
+    applied; undo_all() gives vLLM its own selection back (the names stay, inert)."""
+    out = _run("""
+        import json
+        from vllm.platforms.cpu import CpuPlatform
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+        original_cpu = AttentionBackendEnum.CPU_ATTN.get_path()
+        import accel_plugin.adapters.vllm as adapter
+        from accel_plugin.adapters.vllm import _patches
+        adapter.register()
+        applied = {"names": sorted(n for n in AttentionBackendEnum.__members__ if n.startswith("ACCEL_")),
+                   "selector": _patches.installed(CpuPlatform),
+                   "cpu_override": _patches.cpu_override_active(),
+                   "cpu_path": AttentionBackendEnum.CPU_ATTN.get_path()}
+        _patches.undo_all()
+        undone = {"selector": _patches.installed(CpuPlatform),
+                  "cpu_override": _patches.cpu_override_active(),
+                  "cpu_path_restored": AttentionBackendEnum.CPU_ATTN.get_path() == original_cpu}
+        print(json.dumps({"applied": applied, "undone": undone, "ledger": [p.name for p in _patches.LEDGER]}))
+    """, ACCEL_ATTENTION_BACKEND="flash")
+    assert out["ledger"] == ["backend names", "selector", "CPU backend override"]
+    assert out["applied"] == {"names": ["ACCEL_FLASH", "ACCEL_PAGED"], "selector": True, "cpu_override": True,
+                              "cpu_path": "accel_plugin.adapters.vllm.backend.AccelFlashBackend"}
+    assert out["undone"] == {"selector": False, "cpu_override": False, "cpu_path_restored": True}
