@@ -28,7 +28,6 @@ Relative ``draft`` paths are resolved against the YAML file's folder.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,8 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from .model_dirs import SUPPORTED_ARCHITECTURES, ModelDirError, TargetVocabulary, check_draft_dir
 
 __all__ = [
     "DEFAULT_DOMAIN",
@@ -54,9 +55,6 @@ __all__ = [
 
 #: Name under which requests that match no domain are counted.
 DEFAULT_DOMAIN = "default"
-#: ``architectures`` of draft config.json files that the lean draft engine runs.
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 
 class _Strict(BaseModel):
@@ -315,36 +313,17 @@ def _model_for(path: tuple[str, ...]) -> type[BaseModel] | None:
 # --------------------------------------------------------------------- model dirs
 
 
-def _check_model_dir(raw: str, base: Path, key: str, trust_remote_code: bool) -> tuple[Path | None, str | None]:
-    """Resolve a draft directory; returns (path, None) or (None, problem)."""
+def _check_draft_dir(raw: str, base: Path, trust_remote_code: bool) -> tuple[Path | None, str | None]:
+    """Resolve a draft directory against ``base``; returns (path, None) or (None, problem)."""
     path = Path(raw).expanduser()
     if not path.is_absolute():
         path = (base / path).resolve()
-    if not path.is_dir():
-        return None, f"draft model directory {str(path)!r} does not exist (relative paths are resolved against the YAML file's folder)"
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        return None, f"{str(path)!r} has no config.json; expected a Hugging Face model directory"
-    if not list(path.glob("*.safetensors")):
-        others = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".gguf"))
-        found = f"; found {', '.join(others)}" if others else ""
-        return None, (
-            f"{str(path)!r} has no *.safetensors weights{found}; only safetensors are loaded "
-            "(convert with `model.save_pretrained(dir, safe_serialization=True)`)"
-        )
     try:
-        hf_config = json.loads(config_file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        return None, f"cannot read {str(config_file)!r}: {exc}"
-    if hf_config.get("auto_map") and not trust_remote_code:
-        return None, f"{str(path)!r} needs custom code (auto_map in config.json); set trust_remote_code: true if you trust it"
-    archs = hf_config.get("architectures") or []
-    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
-        return None, (
-            f"architecture {', '.join(archs) or '(none)'} of {str(path)!r} is not supported by the draft engine "
-            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-        )
-    return path, None
+        return check_draft_dir(path, trust_remote_code=trust_remote_code), None
+    except ModelDirError as exc:
+        if path.is_dir():
+            return None, str(exc)
+        return None, f"draft {exc} (relative paths are resolved against the YAML file's folder)"
 
 
 def parse_draft_config(text: str, *, file: str | Path | None = None, check_paths: bool = True) -> DraftConfig:
@@ -380,7 +359,7 @@ def parse_draft_config(text: str, *, file: str | Path | None = None, check_paths
     for path, raw in entries:
         if raw is None:
             continue
-        model_dir, problem = _check_model_dir(raw, base, ".".join(path), config.trust_remote_code)
+        model_dir, problem = _check_draft_dir(raw, base, config.trust_remote_code)
         if problem:
             issues.append(ConfigIssue(".".join(path), problem, file_name, _line_of(lines, path)))
         else:
@@ -413,19 +392,6 @@ def load_draft_config(path: str | Path) -> DraftConfig:
 # -------------------------------------------------------------- against a target
 
 
-def _vocab_of(model_dir: Path, trust_remote_code: bool) -> dict[str, int] | None:
-    """Token -> id of the tokenizer saved in ``model_dir``; ``None`` when it has none."""
-    if not any((model_dir / f).exists() for f in _TOKENIZER_FILES):
-        return None
-    if (model_dir / "tokenizer.json").is_file():
-        from tokenizers import Tokenizer
-
-        return Tokenizer.from_file(str(model_dir / "tokenizer.json")).get_vocab(with_added_tokens=True)
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code).get_vocab()
-
-
 def check_against_target(
     config: DraftConfig,
     target_dir: str | Path,
@@ -448,28 +414,15 @@ def check_against_target(
             f"lower it here or raise it in speculative_config",
             file_name, _line_of(lines, ("num_speculative_tokens",)),
         ))
-    target_dir = Path(target_dir)
-    target_cfg = json.loads((target_dir / "config.json").read_text()) if (target_dir / "config.json").is_file() else {}
-    target_vocab = _vocab_of(Path(tokenizer_dir or target_dir), config.trust_remote_code)
+    target = TargetVocabulary(target_dir, tokenizer_dir=tokenizer_dir, trust_remote_code=config.trust_remote_code)
     seen: set[str] = set()
     for domain, draft in config.drafts().items():
         if draft is None or draft in seen:
             continue
         seen.add(draft)
         path = ("default", "draft") if domain == DEFAULT_DOMAIN else ("domains", domain, "draft")
-        key, line = ".".join(path), _line_of(lines, path)
-        draft_cfg = json.loads((Path(draft) / "config.json").read_text())
-        if target_cfg.get("vocab_size") and draft_cfg.get("vocab_size") != target_cfg["vocab_size"]:
-            issues.append(ConfigIssue(key, (
-                f"the draft's vocab_size {draft_cfg.get('vocab_size')} differs from the target's "
-                f"{target_cfg['vocab_size']}; draft and target must share one vocabulary"), file_name, line))
-            continue
-        draft_vocab = _vocab_of(Path(draft), config.trust_remote_code)
-        if draft_vocab is not None and target_vocab is not None and draft_vocab != target_vocab:
-            differ = sum(1 for tok, i in draft_vocab.items() if target_vocab.get(tok) != i)
-            differ += len(set(target_vocab) - set(draft_vocab))
-            issues.append(ConfigIssue(key, (
-                f"the draft's tokenizer differs from the target's ({differ} tokens map to other ids); "
-                "use a draft trained with the target's tokenizer"), file_name, line))
+        problem = target.mismatch(draft)
+        if problem:
+            issues.append(ConfigIssue(".".join(path), problem, file_name, _line_of(lines, path)))
     if issues:
         raise DraftConfigError(issues)

@@ -53,6 +53,21 @@ def main(argv: list[str] | None = None) -> int:
     return int(args._run(args) or 0)
 
 
+def number_arg(valid, what: str = ""):
+    """argparse type: a number within ``valid`` (an :class:`accel_plugin.ranges.Range`,
+    the one its setting is validated with); the message names the valid values."""
+    def parse(text: str):
+        try:
+            value = valid.kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what or valid.kind.__name__}; got {text!r}") from None
+        if value not in valid:
+            raise argparse.ArgumentTypeError(f"must be {valid}; got {text!r}")
+        return value
+
+    return parse
+
+
 def run_command(name: str, argv: list[str] | None = None) -> int:
     """Run ``accel NAME ARGV...`` in-process; usage errors return 2 instead of exiting."""
     try:

@@ -25,11 +25,16 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Family", "FamilyError", "load_family", "load_prompts", "workload"]
+__all__ = ["Family", "FamilyError", "default_models_dir", "load_family", "load_prompts", "route_labels", "workload"]
 
 
 class FamilyError(ValueError):
     """A family folder that cannot be used (names the file and what is wrong)."""
+
+
+def default_models_dir() -> Path:
+    """The real-model family, ``demo_models/smollm2`` of the repository."""
+    return Path(__file__).resolve().parents[2] / "demo_models" / "smollm2"
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,22 @@ def as_model_input(texts: list[str], family: Family, tokenizer_dir: Path) -> lis
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     return [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
                                           add_generation_prompt=True) for t in texts]
+
+
+def route_labels(config_path: Path, prompts: dict[str, list[str]]) -> dict[str, dict]:
+    """Per prompt-domain label: the proposer domain its prompts are routed to and its draft."""
+    from ..config import load_draft_config
+    from ..speculative.router import DomainRouter
+
+    config = load_draft_config(config_path)
+    router = DomainRouter.from_config(config)
+    drafts = config.drafts()
+    out = {}
+    for label, texts in prompts.items():
+        routed = sorted({router.route(t) for t in texts})
+        draft = drafts.get(routed[0])
+        out[label] = {"routed": routed, "draft": Path(draft).name if draft else None}
+    return out
 
 
 def workload(prompts: dict[str, list[str]], batch1_prompts: int, *, configs: list[str], goal_domain: str,

@@ -7,6 +7,10 @@ position and overall, mean acceptance length, the cost ratio ``c``, the ``k`` wi
 the largest expected speedup, the break-even acceptance at that ``k``, and the
 expected (formula) and simulated (replayed rounds x measured step times) speedup
 for every ``k`` up to the domain's ``k_max``.
+
+:func:`run_acceptance` is the whole of ``accel bench acceptance`` given a
+:class:`~accel_plugin.tuning.settings.BenchSettings` (checks of the inputs, the
+benchmark, the plot); :func:`format_table` renders its report.
 """
 
 from __future__ import annotations
@@ -26,8 +30,43 @@ from .acceptance import (
     simulated_speedup,
 )
 from .prompts import Prompt
+from .settings import BenchSettings
 
-__all__ = ["bench_acceptance", "plot_speedup"]
+__all__ = ["bench_acceptance", "format_table", "plot_speedup", "run_acceptance"]
+
+
+def run_acceptance(settings: BenchSettings) -> dict:
+    """Check the inputs, run :func:`bench_acceptance`, draw the plot; returns the report
+    (with ``plot``: the PNG's path, when one was asked for). Raises :class:`TuningError`."""
+    from ..config import DraftConfigError, load_draft_config
+    from .models import check_model_dir
+    from .prompts import read_prompts
+
+    if not Path(settings.config).is_file():
+        raise TuningError(f"--config: draft YAML {str(settings.config)!r} does not exist")
+    try:
+        config = load_draft_config(settings.config)
+    except DraftConfigError as exc:
+        raise TuningError(f"--config: {exc}") from None
+    target = check_model_dir(settings.target, "--target", need_tokenizer=True)
+    prompts = read_prompts(settings.prompts)
+    if settings.plot and not str(settings.plot).lower().endswith(".png"):
+        raise TuningError(f"--plot: expected a .png file name; got {str(settings.plot)!r}")
+    if settings.plot:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise TuningError("--plot needs matplotlib, which is not installed (pip install matplotlib)")
+    if settings.threads:
+        import torch
+
+        torch.set_num_threads(settings.threads)
+    report = bench_acceptance(config, target, prompts, gen_tokens=settings.gen_tokens,
+                              max_prompts=settings.max_prompts, chat=settings.chat,
+                              target_step_ms=settings.target_step_ms, k_max=settings.k_max)
+    if settings.plot:
+        report["plot"] = str(plot_speedup(report, settings.plot))
+    return report
 
 
 def bench_acceptance(config, target_dir: Path, prompts: list[Prompt], *, gen_tokens: int = 64,
@@ -35,7 +74,7 @@ def bench_acceptance(config, target_dir: Path, prompts: list[Prompt], *, gen_tok
                      k_max: int | None = None, progress=None, chat: bool = False) -> dict:
     """Run the benchmark; ``config`` is a loaded :class:`~accel_plugin.config.DraftConfig`."""
     from ..speculative.router import DomainRouter
-    from .models import check_model_dir, check_same_vocabulary, load_lm, load_tokenizer
+    from .models import check_model_dir, check_same_vocabulary, load_draft_model, load_lm, load_tokenizer
 
     router = DomainRouter.from_config(config)
     drafts = config.drafts()
@@ -73,7 +112,7 @@ def bench_acceptance(config, target_dir: Path, prompts: list[Prompt], *, gen_tok
             results.append(row)
             continue
         k_top = k_max or config.k_max(domain)
-        model = _load_draft(Path(draft), target_dir)
+        model = load_draft_model(Path(draft), target_dir)
         flags = []
         for p in members:
             ids = tokenizer(p.text, add_special_tokens=False)["input_ids"][-256:]
@@ -114,19 +153,6 @@ def bench_acceptance(config, target_dir: Path, prompts: list[Prompt], *, gen_tok
     }
 
 
-def _load_draft(draft: Path, target_dir: Path):
-    """A draft for :func:`match_flags`: a plain checkpoint, or one that borrows from the target."""
-    import json
-
-    from ..speculative.draft_format import DRAFT_KEY
-    from .draft_lm import load_draft
-    from .models import load_lm
-
-    if DRAFT_KEY in json.loads((draft / "config.json").read_text()):
-        return load_draft(draft, target_dir)
-    return load_lm(draft)
-
-
 def plot_speedup(report: dict, path: str | Path) -> Path:
     """PNG: expected (line) and simulated (markers) speedup vs k per domain, S = 1 dashed."""
     import matplotlib
@@ -158,3 +184,46 @@ def plot_speedup(report: dict, path: str | Path) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _fmt(v, spec=".2f", none="-"):
+    return none if v is None else format(v, spec)
+
+
+def format_table(report: dict) -> str:
+    """The report of :func:`run_acceptance` as text: a row per domain, acceptance per
+    position, expected (and simulated) speedup by k."""
+    rows = report["domains"]
+    lines = [
+        f"target step {report['target_step_ms']:.2f} ms ({report['target_step_source']}); "
+        f"{report['gen_tokens']} target tokens per prompt; greedy",
+        "",
+    ]
+    head = ("domain", "draft", "prompts", "alpha", "mean acc.len", "c", "best k", "break-even", "expected S", "simulated S")
+    table = [head]
+    for r in rows:
+        draft = Path(r["draft"]).name if r["draft"] else "(none)"
+        if "curve" not in r:
+            table.append((r["domain"], draft, str(r["prompts"]), "-", "-", "-", "0", "-", "1.00x", "1.00x"))
+            continue
+        table.append((
+            r["domain"], draft, str(r["prompts"]), f"{r['alpha']:.3f}", f"{r['mean_acceptance_length']:.2f}",
+            f"{r['c']:.3f}", str(r["best_k"]), f"{r['break_even_alpha']:.3f}",
+            f"{r['expected_speedup']:.2f}x", f"{r['simulated_speedup']:.2f}x",
+        ))
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    for row in table:
+        lines.append("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
+    lines.append("")
+    lines.append("acceptance per position (k = k_max; position p counted when positions < p were accepted):")
+    for r in rows:
+        if "curve" in r:
+            lines.append(f"  {r['domain']:<12} " + " ".join(_fmt(v) for v in r["per_position"])
+                         + f"   draft step {r['draft_step_ms']:.3f} ms")
+    lines.append("")
+    lines.append("expected speedup by k (simulated in brackets):")
+    for r in rows:
+        if "curve" in r:
+            lines.append(f"  {r['domain']:<12} " + "  ".join(
+                f"k={p['k']}: {p['expected_speedup']:.2f} ({p['simulated_speedup']:.2f})" for p in r["curve"]))
+    return "\n".join(lines)

@@ -10,10 +10,11 @@ import pytest
 
 from accel_plugin.cli import build_parser, demo
 from accel_plugin.cli.doctor import package_version
-from accel_plugin.demo.family import load_family, load_prompts, workload
+from accel_plugin.demo.family import default_models_dir, load_family, load_prompts, route_labels, workload
+from accel_plugin.demo.plan import DemoSettings
 from accel_plugin.demo.report import build_report, paired_ratio, per_round_ratios, render, summarise, timing_spread, verdicts
 
-TOY = demo.default_models_dir().parent  # demo_models: the toy family
+TOY = default_models_dir().parent  # demo_models: the toy family
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -48,6 +49,22 @@ def test_defaults_are_the_real_model_and_vllms_own_attention():
     assert not family.problems()
 
 
+def test_settings_defaults_are_the_flags_defaults():
+    assert demo.settings_from_args(parse()) == DemoSettings()
+    assert demo.settings_from_args(parse("--no-untuned", "--repeats", "1")) == DemoSettings(untuned=False, repeats=1)
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"max_tokens": 0}, "--max-tokens: must be >= 1 and <= 256; got 0"),
+    ({"repeats": 2.0}, "--repeats: expected int; got 2.0"),
+    ({"attention": "fast"}, "--attention: must be one of default, flash, paged; got 'fast'"),
+])
+def test_settings_name_the_flag_and_the_valid_values(change, needle):
+    with pytest.raises(ValueError) as exc:
+        DemoSettings(**change)
+    assert needle in str(exc.value)
+
+
 def test_missing_family_is_a_clear_error(tmp_path):
     args = parse("--models", str(tmp_path), "--skip-doctor")
     with pytest.raises(SystemExit) as exc:
@@ -59,20 +76,20 @@ def test_toy_family_prompts_route_as_configured():
     family = load_family(TOY)
     prompts = load_prompts(family)
     assert set(prompts) == {"support", "code", "prose"}
-    routes = demo.route_labels(family.config_path("tuned"), prompts)
+    routes = route_labels(family.config_path("tuned"), prompts)
     assert routes["support"] == {"routed": ["support"], "draft": "draft-support"}
     assert routes["prose"]["routed"] == ["default"]
-    assert demo.route_labels(family.config_path("untuned"), prompts)["support"]["draft"] == "draft-general"
+    assert route_labels(family.config_path("untuned"), prompts)["support"]["draft"] == "draft-general"
 
 
 def test_smollm2_held_out_prompts_route_to_their_domain():
     """The router sees the decoded chat-templated prompt; plain text is enough here
     (the template adds no word the YAML matches)."""
-    family = load_family(demo.default_models_dir())
+    family = load_family(default_models_dir())
     prompts = load_prompts(family)
     assert set(prompts) == {"support", "code", "general"} and all(len(p) == 24 for p in prompts.values())
     for name, draft in (("tuned", "support"), ("untuned", "support-untuned")):
-        routes = demo.route_labels(family.config_path(name), prompts)
+        routes = route_labels(family.config_path(name), prompts)
         assert routes["support"] == {"routed": ["support"], "draft": draft}
         assert routes["code"] == {"routed": ["code"], "draft": "code"}
         assert routes["general"] == {"routed": ["default"], "draft": "general"}
@@ -286,3 +303,22 @@ def test_a_worker_that_died_is_reported_when_sent_work():
         for _ in range(100):  # the pipe may take a write or two to report the broken end
             worker.send({"name": "x", "prompts": ["p" * 65536]})
     worker.close()
+
+
+def test_without_an_adapter_answering_the_demo_stops_with_a_message(tmp_path, capsys, monkeypatch):
+    """The core reaches vLLM's runner only through the accel_demo_harness hook."""
+    from accel_plugin import manager
+    from accel_plugin.cli import main
+
+    real = manager.load_plugins
+
+    def without_adapter(environ=None):
+        plugins = real(environ)
+        plugins.pm.unregister(name="accel.vllm")
+        return plugins
+
+    monkeypatch.setattr(manager, "load_plugins", without_adapter)
+    rc = main(["demo", "--skip-doctor", "--models", str(TOY), "--no-untuned", "--max-tokens", "4",
+               "--batch1-prompts", "1", "--repeats", "1"])
+    assert rc == 1
+    assert "no installed accel plugin provides a demo for vLLM" in capsys.readouterr().out
