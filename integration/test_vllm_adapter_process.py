@@ -65,14 +65,39 @@ def test_every_patch_in_the_ledger_is_applied_and_undone():
         applied = {"names": sorted(n for n in AttentionBackendEnum.__members__ if n.startswith("ACCEL_")),
                    "selector": _patches.installed(CpuPlatform),
                    "cpu_override": _patches.cpu_override_active(),
-                   "cpu_path": AttentionBackendEnum.CPU_ATTN.get_path()}
+                   "cpu_path": AttentionBackendEnum.CPU_ATTN.get_path(),
+                   "sampler_fix": _patches.sampler_fix_installed(),
+                   "sampler_ok": not _patches.expand_batch_to_tokens_broken()}
         _patches.undo_all()
         undone = {"selector": _patches.installed(CpuPlatform),
                   "cpu_override": _patches.cpu_override_active(),
-                  "cpu_path_restored": AttentionBackendEnum.CPU_ATTN.get_path() == original_cpu}
-        print(json.dumps({"applied": applied, "undone": undone, "ledger": [p.name for p in _patches.LEDGER]}))
-    """, ACCEL_ATTENTION_BACKEND="flash")
-    assert out["ledger"] == ["backend names", "selector", "CPU backend override"]
+                  "cpu_path_restored": AttentionBackendEnum.CPU_ATTN.get_path() == original_cpu,
+                  "sampler_fix": _patches.sampler_fix_installed()}
+        print(json.dumps({"applied": applied, "undone": undone, "ledger": [p.name for p in _patches.LEDGER],
+                          "broken_before": broken_before}))
+    """.replace("import accel_plugin.adapters.vllm as adapter",
+                "from accel_plugin.adapters.vllm import _patches as p0\n"
+                "        broken_before = p0.expand_batch_to_tokens_broken()\n"
+                "        import accel_plugin.adapters.vllm as adapter"), ACCEL_ATTENTION_BACKEND="flash")
+    assert out["ledger"] == ["backend names", "selector", "CPU backend override", "CPU sampler fix"]
+    # patch 4 only where vLLM's own function is broken (vLLM CPU 0.32 here), and then it works
     assert out["applied"] == {"names": ["ACCEL_FLASH", "ACCEL_PAGED"], "selector": True, "cpu_override": True,
-                              "cpu_path": "accel_plugin.adapters.vllm.backend.AccelFlashBackend"}
-    assert out["undone"] == {"selector": False, "cpu_override": False, "cpu_path_restored": True}
+                              "cpu_path": "accel_plugin.adapters.vllm.backend.AccelFlashBackend",
+                              "sampler_fix": out["broken_before"], "sampler_ok": True}
+    assert out["undone"] == {"selector": False, "cpu_override": False, "cpu_path_restored": True,
+                             "sampler_fix": False}
+
+
+def test_the_sampler_fix_computes_what_vllm_documents():
+    """expand_batch_to_tokens_torch against the docstring's example, and the probe catches a wrong one."""
+    out = _run("""
+        import json, torch
+        from accel_plugin.adapters.vllm import _patches
+        x = torch.tensor([1.5, 0.0, 3.0])
+        got = _patches.expand_batch_to_tokens_torch(x, torch.tensor([2, 5, 6]), 6, replace_from=0, replace_to=7)
+        wrong = lambda x, cu, n, replace_from=0, replace_to=0: torch.zeros(n)
+        print(json.dumps({"got": got.tolist(), "wrong_caught": _patches.expand_batch_to_tokens_broken(wrong),
+                          "right_passes": not _patches.expand_batch_to_tokens_broken(
+                              _patches.expand_batch_to_tokens_torch)}))
+    """)
+    assert out == {"got": [1.5, 1.5, 7.0, 7.0, 7.0, 3.0], "wrong_caught": True, "right_passes": True}

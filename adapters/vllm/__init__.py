@@ -91,6 +91,9 @@ def _install(logger, plugins, names: list[str]) -> str:
         else:
             logger.debug("accel-plugin: backend %s has no vLLM adapter class; not registered", name)
     platform_cls = _patches.install()
+    if _patches.install_sampler_fix(platform_cls):
+        logger.info("accel-plugin: vLLM CPU's expand_batch_to_tokens is broken here (temperatures of "
+                    "speculative tokens unset); replaced with a torch version (patch ledger entry 4)")
     setting, backend = _env_choice(logger, plugins, installable)
     _patches.set_env_choice(backend, setting)
     if backend is None:

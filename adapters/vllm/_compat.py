@@ -62,6 +62,7 @@ __all__ = [
     "override_cpu_backend",
     "platform_ignores_selected_backend",
     "register_backend_name",
+    "rejection_sampler_module",
     "resolve_obj_by_qualname",
     "seq_lens_cpu",
     "split_kv_cache",
@@ -145,6 +146,13 @@ def seq_lens_cpu(common: CommonAttentionMetadata) -> torch.Tensor | None:
     if common.seq_lens.device.type == "cpu":
         return common.seq_lens
     return getattr(common, "seq_lens_cpu_upper_bound", None)
+
+
+def rejection_sampler_module():
+    """vLLM's rejection sampler module (``expand_batch_to_tokens`` lives there)."""
+    from vllm.v1.sample import rejection_sampler
+
+    return rejection_sampler
 
 
 def attention_backend_names(vllm_config) -> list[str]:

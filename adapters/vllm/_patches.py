@@ -56,6 +56,26 @@ how it is undone
     :func:`undo_all` when the override points at one of our classes.
 upstream change that would remove it
     the CPU platform honouring ``selected_backend`` (as for patch 2).
+
+4. The CPU rejection sampler's ``expand_batch_to_tokens`` (a monkeypatch, CPU only)
+------------------------------------------------------------------------------------
+target
+    ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens``, replaced by
+    :func:`expand_batch_to_tokens_torch` (the same result with
+    ``repeat_interleave``), only when a probe on this process finds vLLM's own
+    function wrong (:func:`expand_batch_to_tokens_broken`).
+why
+    it spreads each request's temperature (top-k, top-p) over its draft tokens
+    before verification. vLLM CPU 0.32's C++ shim writes into an int64 copy of
+    the output and never copies it back, so at temperature > 0 the drafts are
+    verified against target probabilities from uninitialised memory: speculative
+    sampling stops being lossless, for every proposer (greedy is unaffected).
+    ``integration/test_vllm_speculative_sampling.py`` measures the distribution.
+how it is undone
+    :func:`uninstall_sampler_fix` puts vLLM's function back (``undo_all`` does).
+upstream change that would remove it
+    a fixed CPU ``expand_batch_to_tokens`` (vllm-project/vllm PR #42638 was
+    closed unmerged); the probe then finds it correct and nothing is patched.
 """
 
 from __future__ import annotations
@@ -67,8 +87,9 @@ from . import _compat
 from .backend import BACKEND_CLASS_PATHS
 
 __all__ = [
-    "LEDGER", "Patch", "cpu_override_active", "install", "installed", "set_env_choice", "undo_all",
-    "uninstall",
+    "LEDGER", "Patch", "cpu_override_active", "expand_batch_to_tokens_broken", "expand_batch_to_tokens_torch",
+    "install", "install_sampler_fix", "installed", "sampler_fix_installed", "set_env_choice", "undo_all",
+    "uninstall", "uninstall_sampler_fix",
 ]
 
 
@@ -86,6 +107,8 @@ LEDGER = (
           "cannot be removed from vLLM's enum; inert once patches 2 and 3 are undone"),
     Patch("selector", f"<current platform>.{_compat.SELECTOR_METHOD}", "uninstall()"),
     Patch("CPU backend override", "AttentionBackendEnum.CPU_ATTN", "override_cpu_backend(None)"),
+    Patch("CPU sampler fix", "vllm.v1.sample.rejection_sampler.expand_batch_to_tokens",
+          "uninstall_sampler_fix()"),
 )
 
 _ORIGINAL_ATTR = "__accel_original__"
@@ -185,9 +208,73 @@ def cpu_override_active() -> bool:
     return _compat.AttentionBackendEnum.CPU_ATTN.get_path() in BACKEND_CLASS_PATHS.values()
 
 
+def expand_batch_to_tokens_torch(x, cu_num_tokens, num_tokens: int, replace_from=0, replace_to=0):
+    """What vLLM's ``expand_batch_to_tokens`` computes: ``x[i]`` repeated for request
+    ``i``'s tokens (``cu_num_tokens`` is cumulative), ``replace_from`` -> ``replace_to``."""
+    import torch
+
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+    out = torch.repeat_interleave(x, counts, output_size=num_tokens)
+    return torch.where(out == replace_from, torch.full_like(out, replace_to), out)
+
+
+def expand_batch_to_tokens_broken(function=None) -> bool:
+    """Whether ``function`` (default: vLLM's, as installed) spreads float values wrongly."""
+    import torch
+
+    function = function or getattr(_compat.rejection_sampler_module(), _EXPAND, None)
+    if function is None:
+        return False
+    x = torch.tensor([0.25, 0.0, 0.75], dtype=torch.float32)
+    cu = torch.tensor([2, 3, 6], dtype=torch.int32)
+    want = expand_batch_to_tokens_torch(x, cu, 6, replace_from=0, replace_to=1)
+    try:
+        return not torch.equal(function(x, cu, 6, replace_from=0, replace_to=1), want)
+    except Exception:  # noqa: BLE001 - a function that cannot run this is broken too
+        return True
+
+
+_EXPAND = "expand_batch_to_tokens"
+
+
+def sampler_fix_installed() -> bool:
+    module = _compat.rejection_sampler_module()
+    return hasattr(getattr(module, _EXPAND, None), _ORIGINAL_ATTR)
+
+
+def install_sampler_fix(platform_cls=None) -> bool:
+    """Patch 4: on the CPU platform, replace a broken ``expand_batch_to_tokens``.
+    Returns True when the fix is in place (now or before)."""
+    platform_cls = platform_cls or type(_compat.current_platform())
+    if sampler_fix_installed():
+        return True
+    if not _compat.platform_ignores_selected_backend(platform_cls):  # the CPU platform only
+        return False
+    module = _compat.rejection_sampler_module()
+    original = getattr(module, _EXPAND, None)
+    if original is None or not expand_batch_to_tokens_broken(original):
+        return False
+
+    def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
+        return expand_batch_to_tokens_torch(x, cu_num_tokens, num_tokens, replace_from, replace_to)
+
+    expand_batch_to_tokens.__doc__ = (original.__doc__ or "") + "\n\n(replaced by accel-plugin: CPU fix)"
+    setattr(expand_batch_to_tokens, _ORIGINAL_ATTR, original)
+    setattr(module, _EXPAND, expand_batch_to_tokens)
+    return True
+
+
+def uninstall_sampler_fix() -> None:
+    module = _compat.rejection_sampler_module()
+    original = getattr(getattr(module, _EXPAND, None), _ORIGINAL_ATTR, None)
+    if original is not None:
+        setattr(module, _EXPAND, original)
+
+
 def undo_all(platform_cls=None) -> None:
-    """Undo patches 2 and 3 (patch 1 cannot be undone, see the ledger)."""
+    """Undo patches 2, 3 and 4 (patch 1 cannot be undone, see the ledger)."""
     set_env_choice(None)
     uninstall(platform_cls)
     if cpu_override_active():
         _compat.override_cpu_backend(None)
+    uninstall_sampler_fix()

@@ -1,4 +1,8 @@
-"""`accel tune-draft` on tiny models: a short run, resume, and every bad input."""
+"""`accel tune-draft` on tiny models: a short run, resume, every bad input, and that
+tuning on a domain's prompts raises the held-out acceptance and lowers the loss.
+
+Every run goes through the command line (``accel_plugin.cli.main`` with an argv list).
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,17 @@ import json
 import random
 
 import pytest
+import torch
 
-from accel_plugin.cli import tune_draft
+from accel_plugin.cli import main
+
+
+def accel(*argv: str) -> int:
+    """``accel ARGV...`` in this process; the exit status (argparse errors exit 2)."""
+    try:
+        return main([str(a) for a in argv])
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +42,8 @@ def prompts(tmp_path):
 
 
 def tune(capsys, target, draft, prompts, out, *extra):
-    rc = tune_draft.main(["--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
-                          "--out", str(out), "--gen-tokens", "6", "--batch-size", "2", "--holdout", "2",
-                          "--k", "3", "--threads", "1", *extra])
+    rc = accel("tune-draft", "--target", target, "--draft", draft, "--prompts", prompts, "--out", out,
+               "--gen-tokens", "6", "--batch-size", "2", "--holdout", "2", "--k", "3", "--threads", "1", *extra)
     captured = capsys.readouterr()
     return rc, captured.out, captured.err
 
@@ -60,9 +72,9 @@ def test_tunes_saves_a_model_dir_and_resumes(models, prompts, tmp_path, capsys):
     assert rc == 0, err
     assert json.loads(stdout)["final_loss"] == pytest.approx(report["final_loss"], rel=1e-4)
 
-    from accel_plugin.tuning.models import load_lm
+    from transformers import AutoConfig
 
-    assert load_lm(out).config.vocab_size == load_lm(target).config.vocab_size
+    assert AutoConfig.from_pretrained(out).vocab_size == AutoConfig.from_pretrained(target).vocab_size
 
     # a resume with other settings is refused, --no-resume starts over
     rc, _, err = tune(capsys, target, draft, prompts, out, "--steps", "4", "--lr", "0.01")
@@ -70,6 +82,83 @@ def test_tunes_saves_a_model_dir_and_resumes(models, prompts, tmp_path, capsys):
     rc, stdout, err = tune(capsys, target, draft, prompts, out, "--steps", "1", "--lr", "0.01", "--no-resume", "--json")
     assert rc == 0, err
     assert json.loads(stdout)["resumed_from_step"] == 0
+
+
+def support_prompts(path, count: int, seed: int):
+    """A narrow domain: the template of the ``prompts`` fixture, other order numbers."""
+    rng = random.Random(seed)
+    path.write_text("".join(f"Customer: my order #{rng.randint(100, 999)} is late, refund please\n"
+                            for _ in range(count)))
+    return path
+
+
+def target_continuations(target_dir, texts: list[str], count: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, the target's ``count`` greedy tokens) per text, with transformers."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    model = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    out = []
+    with torch.no_grad():
+        for text in texts:
+            ids = tokenizer(text, add_special_tokens=False).input_ids
+            seq = list(ids)
+            for _ in range(count):
+                seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+            out.append((ids, seq[len(ids):]))
+    return out
+
+
+def draft_scores(draft_dir, pairs: list[tuple[list[int], list[int]]]) -> tuple[float, float]:
+    """Teacher-forced on the target's continuations: (mean NLL per token, greedy match rate)."""
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
+    nll = matches = count = 0.0
+    with torch.no_grad():
+        for ids, cont in pairs:
+            logits = model(torch.tensor([ids + cont])).logits[0, len(ids) - 1:-1]
+            want = torch.tensor(cont)
+            nll += torch.nn.functional.cross_entropy(logits, want, reduction="sum").item()
+            matches += (logits.argmax(-1) == want).sum().item()
+            count += len(cont)
+    return nll / count, matches / count
+
+
+def test_tuning_raises_held_out_acceptance_and_lowers_the_loss(models, tmp_path, capsys):
+    """40 prompts of one support template train, 10 others (``--held-out``) measure.
+
+    The random draft starts at acceptance about 0; 60 steps (a second or two) take it to
+    0.15-0.35 on this split and on splits of other seeds. A varied domain (random words
+    in the template) barely moves on held-out prompts with so little data and so random
+    a target, which is why the domain here is narrow. The report says acceptance
+    rose and the loss fell; the saved draft, scored here with transformers on the
+    target's greedy continuations of the held-out prompts, agrees.
+    """
+    target, draft, _ = models
+    train = support_prompts(tmp_path / "train.txt", 40, seed=1)
+    held = support_prompts(tmp_path / "held.txt", 10, seed=2)
+    out = tmp_path / "tuned"
+    rc = accel("tune-draft", "--target", target, "--draft", draft, "--prompts", train, "--held-out", held,
+               "--out", out, "--gen-tokens", "16", "--batch-size", "8", "--k", "3", "--threads", "1",
+               "--steps", "60", "--lr", "0.003", "--json")
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    report = json.loads(captured.out)
+    assert report == json.loads((out / "tune_report.json").read_text())
+    assert (report["train_prompts"], report["held_out_prompts"], report["steps"]) == (40, 10, 60)
+    before, after = report["before"], report["after"]
+    assert after["alpha"] >= before["alpha"] + 0.1, (before, after)
+    assert after["mean_acceptance_length"] >= before["mean_acceptance_length"] + 0.1
+    assert report["alpha_gain"] == pytest.approx(after["alpha"] - before["alpha"])
+    curve = report["loss_curve"]
+    assert sum(curve[-3:]) < 0.85 * sum(curve[:3]), curve
+
+    pairs = target_continuations(target, held.read_text().splitlines(), 16)
+    nll_before, match_before = draft_scores(draft, pairs)
+    nll_after, match_after = draft_scores(out, pairs)
+    assert nll_after < nll_before - 0.5, (nll_before, nll_after)
+    assert match_after >= match_before + 0.1, (match_before, match_after)
 
 
 @pytest.mark.parametrize("case, needle", [
@@ -123,9 +212,8 @@ def test_bad_inputs_fail_with_a_clear_message(models, prompts, tmp_path, capsys,
 
 
 def cut(capsys, target, prompts, out, *extra):
-    rc = tune_draft.main(["--target", str(target), "--prompts", str(prompts), "--out", str(out),
-                          "--gen-tokens", "6", "--batch-size", "2", "--holdout", "2", "--k", "3", "--threads", "1",
-                          *extra])
+    rc = accel("tune-draft", "--target", target, "--prompts", prompts, "--out", out,
+               "--gen-tokens", "6", "--batch-size", "2", "--holdout", "2", "--k", "3", "--threads", "1", *extra)
     captured = capsys.readouterr()
     return rc, captured.out, captured.err
 

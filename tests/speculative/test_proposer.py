@@ -1,15 +1,22 @@
-"""DomainProposer driven the way vLLM drives it, by a small greedy verifier.
+"""DomainProposer driven the way vLLM drives it, by the greedy verifier of verifier.py.
 
-The verifier plays vLLM's part: a persistent batch whose rows move when requests
-finish or arrive, ``token_ids`` as a reused buffer, greedy verification of the
-drafts by the target, ``[]`` for rows that did not decode. Outputs must equal plain
-greedy decoding, and the proposer's counters must equal what the verifier saw.
+Every test that serves requests checks the outputs (plain greedy decoding: the
+verifier's doing) and, with :func:`check_proposer`, what the proposer is
+responsible for: its drafts against the draft model's own greedy continuation of
+each row's tokens, its per-domain counters against what the verifier did, and one
+state per decoding row while rows move, arrive, prefill in chunks and leave. The
+tests after the first ones break the proposer on purpose (drafts one token behind,
+the target's own token counted as accepted, states kept by row index, a state's
+context not moved on) and check that :func:`check_proposer` fails on each.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import logging
-from dataclasses import dataclass, field
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +24,19 @@ import torch
 
 from accel_plugin.speculative import DomainProposer, DomainState
 
-MAX_LEN = 256
+
+def _load_verifier():
+    spec = importlib.util.spec_from_file_location("accel_tests_verifier", Path(__file__).with_name("verifier.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+_verifier = _load_verifier()
+MAX_LEN = _verifier.MAX_LEN
+Request, Trace, serve = _verifier.Request, _verifier.Trace, _verifier.serve
+check_proposer, assert_lossless, plain_greedy = _verifier.check_proposer, _verifier.assert_lossless, _verifier.plain_greedy
 
 
 @pytest.fixture(scope="module")
@@ -34,104 +53,11 @@ def tokenizer(target_dir):
     return AutoTokenizer.from_pretrained(target_dir)
 
 
-def target_greedy(target, tokens: list[int]) -> list[int]:
-    """Greedy next token after every prefix ``tokens[:j]``, j = 1..len (one forward)."""
-    with torch.no_grad():
-        return target(torch.tensor([tokens])).logits[0].argmax(-1).tolist()
-
-
-@dataclass
-class Request:
-    prompt: list[int]
-    max_tokens: int
-    output: list[int] = field(default_factory=list)
-    drafts: list[int] = field(default_factory=list)
-    sampled: list[int] = field(default_factory=list)
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt + self.output
-
-    @property
-    def done(self) -> bool:
-        return len(self.output) >= self.max_tokens
-
-
-@dataclass
-class Tally:
-    drafted: int = 0
-    accepted: int = 0
-    max_draft_len: int = 0
-
-
-def serve(proposer, target, requests: list[Request], *, shuffle: int | None = None,
-          arrivals: dict[int, list[Request]] | None = None, skip_every: int = 0) -> Tally:
-    """Decode ``requests`` to completion with speculation; returns what was drafted/accepted."""
-    rng = np.random.default_rng(shuffle)
-    batch = list(requests)
-    token_ids = np.full((16, MAX_LEN), -7, dtype=np.int32)  # garbage outside the rows
-    tally = Tally()
-    step = 0
-    while batch:
-        step += 1
-        for r in batch:  # the target verifies the drafts (first step: prefill)
-            if r.done:
-                continue
-            greedy = target_greedy(target, r.tokens + r.drafts)[len(r.tokens) - 1 :]
-            accepted = 0
-            while accepted < len(r.drafts) and r.drafts[accepted] == greedy[accepted]:
-                accepted += 1
-            new = (r.drafts[:accepted] + [greedy[accepted]])[: r.max_tokens - len(r.output)]
-            tally.drafted += len(r.drafts)
-            tally.accepted += min(accepted, len(new) - 1 + (len(new) == accepted))
-            r.output += new
-            r.sampled = new
-        batch = [r for r in batch if not r.done]
-        batch += (arrivals or {}).get(step, [])
-        if shuffle is not None:
-            rng.shuffle(batch)
-        token_ids[:] = -7
-        sampled, num_tokens = [], np.zeros(16, dtype=np.int32)
-        for i, r in enumerate(batch):
-            toks = r.tokens
-            token_ids[i, : len(toks)] = toks
-            num_tokens[i] = len(toks)
-            skip = skip_every and step % skip_every == 0 and i == 0
-            sampled.append([] if skip or not r.output else list(r.sampled))
-        if not batch:
-            break
-        drafts = proposer.propose(sampled, num_tokens, token_ids)
-        assert len(drafts) == len(batch)
-        for r, d, s in zip(batch, drafts, sampled):
-            assert len(d) <= proposer.config.num_speculative_tokens
-            r.drafts = list(d) if s else []
-            tally.max_draft_len = max(tally.max_draft_len, len(d))
-        assert proposer.num_states <= len(batch)
-    return tally
-
-
-_plain: dict = {}
-
-
-def plain_greedy(target, prompt: list[int], n: int) -> list[int]:
-    key = (id(target), tuple(prompt), n)
-    if key not in _plain:
-        _plain[key] = _plain_greedy(target, prompt, n)
-    return _plain[key]
-
-
-def _plain_greedy(target, prompt: list[int], n: int) -> list[int]:
-    tokens = list(prompt)
-    for _ in range(n):
-        tokens.append(target_greedy(target, tokens)[-1])
-    return tokens[len(prompt):]
-
-
 @pytest.fixture
 def proposer_for(make_config, tokenizer):
-    def make(yaml_text: str, **kw) -> DomainProposer:
+    def make(yaml_text: str, cls: type[DomainProposer] = DomainProposer, **kw) -> DomainProposer:
         config = make_config(yaml_text)
-        return DomainProposer(config, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), max_len=MAX_LEN, **kw)
+        return cls(config, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), max_len=MAX_LEN, **kw)
 
     return make
 
@@ -141,10 +67,12 @@ def prompts(tokenizer, texts):
 
 
 TEXTS = ["Customer: my refund ticket #123 is late", "def foo(a, b):", "The model is", "order delivery status please"]
+DOMAINS = ["support", "code", "default", "support"]  # of TEXTS, by the config of two_domains
 
 
-def test_lossless_counters_and_routing(proposer_for, target, target_dir, draft_dir, tokenizer):
-    proposer = proposer_for(f"""
+def two_domains(proposer_for, target_dir, draft_dir, cls=DomainProposer) -> DomainProposer:
+    """support: the target as its draft (identical); code: a random draft; default: none; fixed k = 4."""
+    return proposer_for(f"""
         num_speculative_tokens: 4
         domains:
           support:
@@ -156,53 +84,63 @@ def test_lossless_counters_and_routing(proposer_for, target, target_dir, draft_d
         default:
           draft: null
         controller: {{adaptive: false}}
-    """)
-    reqs = [Request(p, 24) for p in prompts(tokenizer, TEXTS)]
-    tally = serve(proposer, target, reqs, shuffle=1)
-    for r in reqs:
-        assert r.output == plain_greedy(target, r.prompt, 24)
+    """, cls)
+
+
+def serve_mixed(proposer, target, tokenizer) -> tuple[list[Request], Trace]:
+    """TEXTS twice, 24 tokens each, rows shuffled every step."""
+    reqs = [Request(p, 24, d) for p, d in zip(prompts(tokenizer, TEXTS * 2), DOMAINS * 2)]
+    return reqs, serve(proposer, target, reqs, shuffle=1)
+
+
+TWO_DOMAINS_K = {"support": 4, "code": 4, "default": 0}
+
+
+def test_lossless_counters_and_routing(proposer_for, target, target_dir, draft_dir, tokenizer):
+    proposer = two_domains(proposer_for, target_dir, draft_dir)
+    reqs, trace = serve_mixed(proposer, target, tokenizer)
+    assert_lossless(target, reqs)
+    check_proposer(proposer, trace, fixed_k=TWO_DOMAINS_K)
     stats = proposer.stats()
     assert stats["support"].drafted > 0 and stats["code"].drafted > 0 and stats["default"].drafted == 0
-    # the identical draft is always accepted (until max_tokens cuts the verification)
-    assert stats["support"].alpha == 1.0
+    assert stats["support"].alpha == 1.0  # the identical draft is always accepted
     assert stats["code"].alpha < 0.5
     assert stats["default"].state == DomainState.NO_DRAFT
-    total_drafted = sum(s.drafted for s in stats.values())
-    total_accepted = sum(s.accepted for s in stats.values())
-    # the proposer learns about a row's drafts at its next step; the last step's drafts
-    # of each request are never verified (the request has finished)
-    assert total_drafted <= tally.drafted and total_accepted <= tally.accepted
-    assert tally.max_draft_len == 4
+    # the drafts proposed in each request's last step are never verified; nothing else is missed
+    assert all(v.seen for v in trace.verifications)
     # finished requests are freed at the next step (here: an empty one)
-    assert proposer.num_states == 2
+    assert proposer.num_states == trace.states[-1][1] > 0
     proposer.propose([], np.zeros(16, dtype=np.int32), np.zeros((16, MAX_LEN), dtype=np.int32))
     assert proposer.num_states == 0
 
 
-def test_rows_moving_arriving_and_skipping(proposer_for, target, target_dir, tokenizer):
+def test_rows_moving_arriving_prefilling_and_away(proposer_for, target, target_dir, tokenizer):
     proposer = proposer_for(f"num_speculative_tokens: 3\ndefault: {{draft: {target_dir}}}\n")
     first = [Request(p, 8 + 4 * i) for i, p in enumerate(prompts(tokenizer, TEXTS))]
-    later = [Request(p, 10) for p in prompts(tokenizer, ["The model is", "a b c d e f g h i j k l m n o p q r"])]
-    serve(proposer, target, first, shuffle=3, arrivals={3: later}, skip_every=4)
-    for r in first + later:
-        assert r.output == plain_greedy(target, r.prompt, r.max_tokens)
+    later = [Request(p, 10, prefill_steps=n)
+             for n, p in zip((2, 3), prompts(tokenizer, ["The model is", "a b c d e f g h i j k l m n o p q r"]))]
+    trace = serve(proposer, target, first, shuffle=3, arrivals={3: later},
+                  away={2: [first[1]], 4: [first[0], later[0]], 5: [first[3]]})
+    assert_lossless(target, first + later)
+    check_proposer(proposer, trace)
+    # a request left out of a step is new to the proposer when it is back: the drafts
+    # it had are verified then, and not counted (their state was freed)
+    assert any(not v.seen for v in trace.verifications)
     s = proposer.stats()["default"]
-    assert s.accepted / s.drafted > 0.9  # identical draft (some drafts cut by max_tokens)
+    assert s.accepted == s.drafted > 0  # the identical draft
 
 
 def test_identical_prompts_are_served_independently(proposer_for, target, target_dir, tokenizer):
     proposer = proposer_for(f"num_speculative_tokens: 2\ndefault: {{draft: {target_dir}}}\n")
     (p,) = prompts(tokenizer, ["The model is"])
     reqs = [Request(list(p), 6), Request(list(p), 12), Request(list(p), 9)]
-    serve(proposer, target, reqs, shuffle=5)
-    ref = plain_greedy(target, p, 12)
-    for r in reqs:
-        assert r.output == ref[: r.max_tokens]
+    trace = serve(proposer, target, reqs, shuffle=5)
+    assert_lossless(target, reqs)
+    check_proposer(proposer, trace)
 
 
 def test_poor_draft_is_cut_back_while_fixed_k_keeps_drafting(proposer_for, target, tiny_models, tokenizer):
     poor = tiny_models("draft-d32", seed=7)
-    texts = TEXTS * 2
     results = {}
     for adaptive in (True, False):
         proposer = proposer_for(f"""
@@ -210,17 +148,71 @@ def test_poor_draft_is_cut_back_while_fixed_k_keeps_drafting(proposer_for, targe
             default: {{draft: {poor}}}
             controller: {{adaptive: {str(adaptive).lower()}, min_samples: 8, draft_cost: 0.2, probe_interval: 8}}
         """)
-        reqs = [Request(p, 40) for p in prompts(tokenizer, texts)]
-        tally = serve(proposer, target, reqs)
-        for r in reqs:
-            assert r.output == plain_greedy(target, r.prompt, 40)
-        results[adaptive] = (proposer.stats()["default"], tally)
-    adaptive_stats, adaptive_tally = results[True]
-    fixed_stats, fixed_tally = results[False]
+        reqs = [Request(p, 40) for p in prompts(tokenizer, TEXTS * 2)]
+        trace = serve(proposer, target, reqs)
+        assert_lossless(target, reqs)
+        check_proposer(proposer, trace, fixed_k=None if adaptive else {"default": 4})
+        results[adaptive] = (proposer.stats()["default"], trace)
+    adaptive_stats, adaptive_trace = results[True]
+    fixed_stats, fixed_trace = results[False]
     assert adaptive_stats.state == DomainState.OFF and adaptive_stats.k == 0
     assert fixed_stats.state == DomainState.FIXED and fixed_stats.k == 4
     assert fixed_stats.drafted == 4 * fixed_stats.steps  # full k every step
-    assert adaptive_tally.drafted < fixed_tally.drafted / 3
+    assert adaptive_trace.drafted < fixed_trace.drafted / 3
+
+
+# ------------------------------------------------------------------ broken proposers
+
+
+def _drafts_one_token_behind(proposer, monkeypatch):
+    """Drafts for the context without its last token: off by one position."""
+    real = proposer.engine.draft
+    monkeypatch.setattr(proposer.engine, "draft", lambda draft, jobs: real(
+        draft, [dataclasses.replace(job, context=job.context[:-1]) for job in jobs]))
+
+
+def _counts_the_target_token(proposer, monkeypatch):
+    """Counts the token the target adds after a rejection as an accepted draft."""
+    real = proposer.controller.observe
+    monkeypatch.setattr(proposer.controller, "observe", lambda domain, k, n: real(domain, k, min(k, n + 1)))
+
+
+class _RowIndexProposer(DomainProposer):
+    """Keeps a request's state with its row index, ignoring that rows move."""
+
+    def _match(self, row, tokens, num_sampled, claimed):
+        state = self._by_row.get(row)
+        if state is not None and id(state) not in claimed:
+            return state
+        return super()._match(row, tokens, num_sampled, claimed)
+
+
+class _StaleContextProposer(DomainProposer):
+    """Learns from a row's new tokens but does not move its state's context on."""
+
+    def _learn(self, state, tokens, num_sampled):
+        context = state.context
+        super()._learn(state, tokens, num_sampled)
+        state.context = context
+
+
+@pytest.mark.parametrize("breakage, failure", [
+    (_drafts_one_token_behind, "not the draft's greedy continuation"),
+    (_counts_the_target_token, "counters"),
+    (_RowIndexProposer, "drafts, expected k = 0"),
+    (_StaleContextProposer, "not the draft.s greedy continuation"),
+], ids=["drafts-one-token-behind", "counts-target-token-as-accepted", "state-by-row-index", "context-not-advanced"])
+def test_check_proposer_fails_on_a_broken_proposer(proposer_for, target, target_dir, draft_dir, tokenizer,
+                                                   monkeypatch, breakage, failure):
+    if isinstance(breakage, type):
+        proposer = two_domains(proposer_for, target_dir, draft_dir, cls=breakage)
+    else:
+        proposer = two_domains(proposer_for, target_dir, draft_dir)
+        breakage(proposer, monkeypatch)
+    reqs, trace = serve_mixed(proposer, target, tokenizer)
+    assert_lossless(target, reqs)  # the verifier keeps outputs right whatever the proposer does
+    with pytest.raises(AssertionError, match=failure):
+        check_proposer(proposer, trace, fixed_k=TWO_DOMAINS_K)
 
 
 @pytest.mark.parametrize("error", [RuntimeError("kernel exploded"), torch.OutOfMemoryError("CPU out of memory")],
@@ -246,11 +238,11 @@ def test_fault_in_one_draft_switches_its_domain_off(proposer_for, target, target
         return real_draft(draft, jobs)
 
     monkeypatch.setattr(proposer.engine, "draft", faulty)
-    reqs = [Request(p, 20) for p in prompts(tokenizer, TEXTS)]
+    reqs = [Request(p, 20, d) for p, d in zip(prompts(tokenizer, TEXTS), ["support", "default", "default", "support"])]
     with caplog.at_level(logging.ERROR, logger="accel_plugin.speculative"):
-        serve(proposer, target, reqs, shuffle=2)
-    for r in reqs:
-        assert r.output == plain_greedy(target, r.prompt, 20)
+        trace = serve(proposer, target, reqs, shuffle=2)
+    assert_lossless(target, reqs)
+    check_proposer(proposer, trace)
     errors = [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
     assert len(errors) == 1 and "support" in errors[0].getMessage() and type(error).__name__ in errors[0].getMessage()
     stats = proposer.stats()
@@ -305,7 +297,7 @@ def test_next_chat_turn_is_routed_on_its_own_prompt(proposer_for, target, target
     serve(proposer, target, [a])
     drafted_for_a = proposer.stats()["support"].drafted
     assert drafted_for_a > 0
-    b = Request(a.tokens + prompts(tokenizer, [" The model is"])[0], 8)
+    b = Request(a.prompt + a.output + prompts(tokenizer, [" The model is"])[0], 8)
     serve(proposer, target, [b])
     assert b.output == plain_greedy(target, b.prompt, 8)
     assert proposer.stats()["support"].drafted == drafted_for_a  # nothing drafted for B
@@ -349,7 +341,7 @@ def test_target_steps_are_reported_with_batch_and_drafts(proposer_for, target, t
 def test_a_step_that_prefilled_a_new_request_is_not_timed(proposer_for, target, target_dir, tokenizer, monkeypatch):
     proposer = proposer_for(f"num_speculative_tokens: 2\ndefault: {{draft: {target_dir}}}\n")
     calls = recording(proposer, monkeypatch)
-    later = [Request(p, 6) for p in prompts(tokenizer, ["The model is"])]
+    later = [Request(p, 6, prefill_steps=2) for p in prompts(tokenizer, ["The model is"])]
     serve(proposer, target, [Request(p, 8) for p in prompts(tokenizer, TEXTS[:2])], arrivals={3: later})
     untimed = [i + 2 for i, (seconds, _, _) in enumerate(calls["step"]) if seconds is None]
     # call 3: the new request's row has no sampled token yet (as a prompt being prefilled
