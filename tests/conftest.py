@@ -1,15 +1,38 @@
-"""Unit tests run on CPU: Triton kernels through the interpreter.
+"""Unit tests. Where the Triton kernels run is settled here, before anything imports them.
 
-TRITON_INTERPRET is read when a kernel module is imported, so it is set here, before
-any test module imports accel_plugin.kernels. Set TRITON_INTERPRET=0 explicitly to
-compile kernels on a GPU machine.
+Triton reads TRITON_INTERPRET when ``accel_plugin.kernels`` is imported (``@triton.jit``
+decides then), so it is chosen here, before any test module imports the kernels:
+
+* set by the user: kept as given;
+* unset and torch sees a CUDA device: left unset, so the kernels compile;
+* unset and no CUDA device: set to 1, the Triton interpreter.
+
+What runs where in tests/kernels (the rest of the suite runs the same everywhere):
+
+* CPU machine, TRITON_INTERPRET unset (so 1): the small-shape kernel tests run the
+  kernels in the interpreter on CPU tensors; ``gpu``-marked tests skip ("needs a CUDA GPU").
+* CUDA machine, unset: the small-shape tests run compiled on cuda tensors (the
+  ``device`` fixture), the ``gpu``-marked tests with realistic shapes run too.
+* CUDA machine, ``TRITON_INTERPRET=1``: the interpreter on CPU tensors, as on a CPU
+  machine; ``gpu``-marked tests skip ("kernels are interpreted").
+* CPU machine, ``TRITON_INTERPRET=0``: the small-shape tests skip (no interpreter,
+  no GPU); calls on CPU tensors get the pure-torch reference.
+
+On a GPU machine the compiled run is the one that counts. The interpreter run adds
+little there: it checks the same kernel source on CPU tensors, which every CPU
+machine (and CI) already does. Tests that call the kernels with CPU tensors on a
+GPU machine (the validation tests) get the pure-torch reference, as a user would.
 """
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import torch  # noqa: E402  (after the thread settings, which torch reads when imported)
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import importlib  # noqa: E402
 import sys  # noqa: E402

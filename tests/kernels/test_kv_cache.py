@@ -69,4 +69,4 @@ def test_write_then_attend(inputs, check):
     cu_k = torch.tensor([0, prompt + 1], dtype=torch.int32, device=inputs.device)
     ref = reference.flash_attn_varlen_func(q.double(), k.double(), v.double(), cu_q, cu_k, 1, prompt + 1,
                                            causal=True)
-    check.close(out, ref, ref, torch.float32)
+    check.close(out, ref, ref, torch.float32, max_score=check.max_score(q, k))

@@ -14,7 +14,7 @@ BATCHES = {
 }
 
 
-def run_both(inputs, lowp, q_lens, seq_lens, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
+def run_both(inputs, lowp, check, q_lens, seq_lens, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
              dtype=torch.float16, causal=True, window=(-1, -1), softcap=0.0, num_splits=1, pad_rows=0):
     q, k_cache, v_cache, cu_q, lens, table = inputs.paged(q_lens, seq_lens, num_heads, num_kv_heads, head_dim,
                                                           block_size, dtype, pad_rows)
@@ -22,36 +22,32 @@ def run_both(inputs, lowp, q_lens, seq_lens, num_heads=4, num_kv_heads=2, head_d
     args = (cu_q, lens, table, max(q_lens), max(seq_lens))
     out = paged_attention(q, k_cache, v_cache, *args, num_splits=num_splits, **opts)
     ref = reference.paged_attention(q.double(), k_cache.double(), v_cache.double(), *args, **opts)
-    base = torch.zeros_like(q)
-    for b, seq_len in enumerate(seq_lens):
-        rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
-        k = reference.gather_kv(k_cache, table[b], seq_len)
-        v = reference.gather_kv(v_cache, table[b], seq_len)
-        base[rows] = lowp(q[rows], k, v, head_dim ** -0.5, causal, window, softcap)
-    return out, ref, base
+    base = lowp.paged(q, k_cache, v_cache, cu_q, lens, table, **opts)
+    return out, ref, base, check.max_score(q, k_cache, softcap=softcap)
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("kind", BATCHES)
 def test_batch_kinds(inputs, check, lowp, kind, num_splits):
-    out, ref, base = run_both(inputs, lowp, *BATCHES[kind], num_splits=num_splits)
-    check.close(out, ref, base, torch.float16)
+    out, ref, base, max_score = run_both(inputs, lowp, check, *BATCHES[kind], num_splits=num_splits)
+    check.close(out, ref, base, torch.float16, max_score=max_score)
 
 
 @pytest.mark.parametrize("num_splits", [1, 0])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 def test_dtypes(inputs, check, lowp, dtype, num_splits):
-    out, ref, base = run_both(inputs, lowp, *BATCHES["mixed"], dtype=dtype, num_splits=num_splits)
+    out, ref, base, max_score = run_both(inputs, lowp, check, *BATCHES["mixed"], dtype=dtype,
+                                         num_splits=num_splits)
     assert out.dtype == dtype
-    check.close(out, ref, base, dtype)
+    check.close(out, ref, base, dtype, max_score=max_score)
 
 
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(2, 2), (4, 2), (8, 1), (6, 2)],
                          ids=["mha", "gqa2", "mqa8", "gqa3"])
 def test_gqa(inputs, check, lowp, num_heads, num_kv_heads):
-    out, ref, base = run_both(inputs, lowp, [1, 9], [33, 40], num_heads, num_kv_heads, dtype=torch.float32,
-                              num_splits=2)
-    check.close(out, ref, base, torch.float32)
+    out, ref, base, max_score = run_both(inputs, lowp, check, [1, 9], [33, 40], num_heads, num_kv_heads,
+                                         dtype=torch.float32, num_splits=2)
+    check.close(out, ref, base, torch.float32, max_score=max_score)
 
 
 # (causal, window_size, softcap)
@@ -67,27 +63,29 @@ MASKS = {
 @pytest.mark.parametrize("mask", MASKS)
 def test_masks(inputs, check, lowp, mask, num_splits):
     causal, window, softcap = MASKS[mask]
-    out, ref, base = run_both(inputs, lowp, [1, 17], [97, 30], dtype=torch.float32, causal=causal,
-                              window=window, softcap=softcap, num_splits=num_splits)
-    check.close(out, ref, base, torch.float32)
+    out, ref, base, max_score = run_both(inputs, lowp, check, [1, 17], [97, 30], dtype=torch.float32,
+                                         causal=causal, window=window, softcap=softcap, num_splits=num_splits)
+    check.close(out, ref, base, torch.float32, max_score=max_score)
 
 
 @pytest.mark.parametrize("block_size", [16, 24, 32, 64, 256])
 def test_block_sizes(inputs, check, lowp, block_size):
-    out, ref, base = run_both(inputs, lowp, [1, 5], [97, 70], block_size=block_size, num_splits=2)
-    check.close(out, ref, base, torch.float16)
+    out, ref, base, max_score = run_both(inputs, lowp, check, [1, 5], [97, 70], block_size=block_size,
+                                         num_splits=2)
+    check.close(out, ref, base, torch.float16, max_score=max_score)
 
 
 @pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
 def test_head_dims(inputs, check, lowp, head_dim):
-    out, ref, base = run_both(inputs, lowp, [1, 3], [20, 40], 2, 1, head_dim=head_dim)
-    check.close(out, ref, base, torch.float16)
+    out, ref, base, max_score = run_both(inputs, lowp, check, [1, 3], [20, 40], 2, 1, head_dim=head_dim)
+    check.close(out, ref, base, torch.float16, max_score=max_score)
 
 
 def test_more_splits_than_key_tiles(inputs, check, lowp):
     """Splits with no keys contribute nothing (lse -inf), for short and long sequences alike."""
-    out, ref, base = run_both(inputs, lowp, [1, 2, 1], [1, 5, 97], dtype=torch.float32, num_splits=8)
-    check.close(out, ref, base, torch.float32)
+    out, ref, base, max_score = run_both(inputs, lowp, check, [1, 2, 1], [1, 5, 97], dtype=torch.float32,
+                                         num_splits=8)
+    check.close(out, ref, base, torch.float32, max_score=max_score)
 
 
 def test_splits_agree(inputs):
@@ -121,7 +119,7 @@ def test_empty_sequences(inputs, check):
     out = paged_attention(q, k_cache, v_cache, cu_q, lens, table, 3, 20, num_splits=2)
     table[0] = 0
     ref = reference.paged_attention(q.double(), k_cache.double(), v_cache.double(), cu_q, lens, table, 3, 20)
-    check.close(out, ref, ref, torch.float32)
+    check.close(out, ref, ref, torch.float32, max_score=check.max_score(q, k_cache))
 
 
 def test_strided_views(inputs, check):
@@ -135,7 +133,7 @@ def test_strided_views(inputs, check):
     out = paged_attention(q, kv_cache[0], kv_cache[1], cu_q, lens, table, 6, 40, num_splits=2)
     ref = reference.paged_attention(q.double(), kv_cache[0].double(), kv_cache[1].double(), cu_q, lens, table,
                                     6, 40)
-    check.close(out, ref, ref, torch.float32)
+    check.close(out, ref, ref, torch.float32, max_score=check.max_score(q, kv_cache[0]))
 
 
 def test_matches_flash_attn_on_contiguous_cache(inputs, check):

@@ -37,7 +37,7 @@ def test_resolve_mode(device_type, interpreted, cuda, expected):
 
 def test_mode_in_this_suite():
     if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("this suite runs compiled (TRITON_INTERPRET is not 1)")
+        pytest.skip("the kernels are not interpreted in this run (TRITON_INTERPRET is not 1)")
     assert kernels.runtime_mode("cpu") == "interpreter"
     assert kernels.runtime_mode(torch.device("cpu")) == "interpreter"
     assert kernels.runtime_mode_reason("cpu") == "TRITON_INTERPRET=1: Triton interpreter on CPU"
