@@ -134,7 +134,7 @@ class DomainDraftProposer:
         )
         _LIVE.add(self)
         _logger().info(
-            "accel-plugin proposer %s: config %s, domains %s, k_max %d, adaptive %s",
+            "accel-plugin domain proposer (%s): config %s, domains %s, k_max %d, adaptive %s",
             self.proposer_name, path, ", ".join(f"{d}->{p or 'none'}" for d, p in config.drafts().items()),
             config.num_speculative_tokens, config.controller.adaptive,
         )
