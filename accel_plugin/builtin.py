@@ -62,7 +62,7 @@ def accel_register_proposers(registry: ProposerRegistry) -> None:
             name=ACCEL_DOMAIN_DRAFT,
             class_path="accel_plugin.speculative:DomainProposer",
             description="domain-tuned draft-model proposer (YAML from ACCEL_DRAFT_CONFIG)",
-            frameworks=("vllm",),
+            frameworks=("vllm", "tgi"),
         )
     )
 
@@ -71,5 +71,5 @@ def accel_register_proposers(registry: ProposerRegistry) -> None:
 def accel_adapter_components(components: AdapterComponents) -> None:
     if components.framework in ("vllm", "tgi"):
         components.attention_backends.extend([ACCEL_FLASH, ACCEL_PAGED])
-    if components.framework == "vllm":
+    if components.framework in ("vllm", "tgi"):
         components.proposers.append(ACCEL_DOMAIN_DRAFT)

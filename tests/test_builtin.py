@@ -36,7 +36,7 @@ def test_the_proposer_registered_is_the_core_one():
     spec = get_registries(get_plugin_manager({})).proposers.get("ACCEL_DOMAIN_DRAFT")
     assert spec.load() is DomainProposer
     assert not spec.class_path.startswith("accel_plugin.adapters")
-    assert spec.frameworks == ("vllm",)
+    assert spec.frameworks == ("vllm", "tgi")
 
 
 def test_capability_numbers_come_from_the_kernels_limits():

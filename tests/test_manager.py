@@ -115,7 +115,7 @@ def test_components_refuse_a_proposer_not_made_for_the_framework():
 
     plugins = load_plugins({})
     assert plugins.components("vllm").proposers == ["ACCEL_DOMAIN_DRAFT"]
-    assert plugins.components("tgi").proposers == []  # no TGI adapter drives it yet
+    assert plugins.components("tgi").proposers == ["ACCEL_DOMAIN_DRAFT"]
 
     class Offer:
         @staticmethod
@@ -125,5 +125,5 @@ def test_components_refuse_a_proposer_not_made_for_the_framework():
 
     plugins = load_plugins({})
     plugins.pm.register(Offer, name="offer-to-sglang")
-    with pytest.raises(ValueError, match="offered to sglang but declares frameworks vllm"):
+    with pytest.raises(ValueError, match="offered to sglang but declares frameworks vllm, tgi"):
         plugins.components("sglang")

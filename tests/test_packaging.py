@@ -22,11 +22,13 @@ def wheel(tmp_path_factory):
     return path
 
 
-def test_wheel_has_only_the_accel_plugin_package(wheel):
+def test_wheel_has_only_the_accel_plugin_package_and_the_tgi_hook(wheel):
+    """One package, plus the TGI adapter's .pth line (inert unless ACCEL_* is set)."""
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
-    assert top == {"accel_plugin"}, f"unexpected top-level entries: {sorted(top)}"
+    assert top == {"accel_plugin", "accel_plugin_tgi.pth"}, f"unexpected top-level entries: {sorted(top)}"
     for module in ("accel_plugin/kernels/__init__.py", "accel_plugin/adapters/vllm/__init__.py",
+                   "accel_plugin/adapters/tgi/__init__.py", "accel_plugin/kernels/limits.py",
                    "accel_plugin/hookspecs.py", "accel_plugin/cli/doctor.py"):
         assert module in names
 

@@ -20,6 +20,8 @@ from .. import __version__, envs
 
 #: import name -> label shown
 PACKAGES = ("torch", "triton", "vllm", "text_generation_server")
+#: framework name (as adapters and ProposerSpec.frameworks say it) -> its import name
+FRAMEWORK_PACKAGES = {"vllm": "vllm", "tgi": "text_generation_server"}
 
 
 def package_version(import_name: str) -> str | None:
@@ -101,6 +103,15 @@ def _check_draft_config(path: str) -> dict[str, Any]:
     return {"path": path, "domains": list(config.drafts())}
 
 
+def _tgi_adapter(environ=None) -> dict[str, Any] | None:
+    """Whether the TGI adapter can attach here (None when TGI is not installed)."""
+    if package_version("text_generation_server") is None:
+        return None
+    from ..adapters.tgi import status  # imports neither TGI nor its attention
+
+    return status(environ=environ)
+
+
 def collect(environ=None) -> dict[str, Any]:
     """Everything the doctor reports, as plain data (also printed by ``--json``)."""
     from ..manager import PluginLoadError, get_plugin_manager, get_registries, plugin_names
@@ -115,6 +126,9 @@ def collect(environ=None) -> dict[str, Any]:
     report["kernels"] = _kernel_mode(device["device"])
     env, env_errors = _env_report(environ)
     report["env"] = env
+    tgi = _tgi_adapter(environ)
+    if tgi is not None:
+        report["tgi_adapter"] = tgi
     report["errors"].extend(env_errors)
 
     try:
@@ -140,7 +154,7 @@ def collect(environ=None) -> dict[str, Any]:
         )
     report["proposers"] = []
     for spec in registries.proposers:
-        missing = [f for f in spec.frameworks if package_version(f) is None]
+        missing = [f for f in spec.frameworks if package_version(FRAMEWORK_PACKAGES.get(f, f)) is None]
         reasons = [f"{f} is not installed" for f in missing] if len(missing) == len(spec.frameworks) else []
         report["proposers"].append(
             {"name": spec.name, "class_path": spec.class_path, "frameworks": list(spec.frameworks),
@@ -170,6 +184,15 @@ def render(report: dict[str, Any]) -> str:
     lines += ["", "Device", f"  {'device':<24} {report['device']['detail']}"]
     kernels = report["kernels"]
     lines.append(f"  {'triton kernels':<24} {kernels['mode']}: {kernels['reason']}")
+    if "tgi_adapter" in report:
+        tgi = report["tgi_adapter"]
+        hook = "installed" if tgi["hook_file_installed"] else (
+            "MISSING (editable install? run: python -m accel_plugin.adapters.tgi install-hook)")
+        mode = tgi["attention_env"]
+        attention = "unset (TGI's launcher sets it)" if mode is None else (
+            f"{mode}: {'supported' if tgi['attention_env_supported'] else 'NOT supported'}")
+        lines += ["", "TGI adapter", f"  {'import hook':<24} {hook}: {tgi['hook_file']}",
+                  f"  {'ATTENTION':<24} {attention} (supported: {', '.join(tgi['supported_attention'])})"]
     lines += ["", "Plugins"]
     lines += [f"  {name}" for name in report["plugins"]] or ["  (none loaded)"]
     lines += ["", "Attention backends"]

@@ -71,7 +71,7 @@ def test_doctor_kernel_mode_follows_triton_interpret(interpret, expected):
 def test_doctor_lists_the_domain_proposer():
     report = json.loads(run_doctor("--json").stdout)
     (proposer,) = [p for p in report["proposers"] if p["name"] == "ACCEL_DOMAIN_DRAFT"]
-    assert proposer["supported"] and proposer["frameworks"] == ["vllm"]
+    assert proposer["supported"] and proposer["frameworks"] == ["vllm", "tgi"]
 
 
 def test_doctor_checks_the_draft_config(tmp_path):

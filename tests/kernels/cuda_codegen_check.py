@@ -14,7 +14,10 @@ ships: REG is registers per thread, STACK the per-thread stack frame, which is
 where ptxas puts spilled registers (these kernels have no local arrays or calls,
 so STACK > 0 means spills; ``ptxas -v`` agrees). Each case names the archs where it
 must not spill (those where it did not with triton 3.9: a regression fails); the
-others print their stack frame, and docs/performance.md quotes them.
+others print their stack frame, and docs/performance.md quotes them. Register
+allocation is the compiler's, so that list holds for the triton it was recorded
+with (:data:`SPILLS_RECORDED_WITH`); with another triton (3.3 in TGI's environment)
+spills are printed as notes, while shared memory is still checked.
 
 Prints one line per compiled kernel; "SKIP: ..." when this triton cannot compile
 for CUDA here at all (checked on a trivial kernel), "FAIL: ..." lines and exit
@@ -28,6 +31,9 @@ import sys
 import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)
+
+#: the triton release whose register allocation the spill-free lists below record
+SPILLS_RECORDED_WITH = "3.9."
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -154,6 +160,11 @@ def main():
         print(f"SKIP: triton cannot compile for sm_{ARCH} without a GPU here: {exc!r}")
         return 0
     tool = cuobjdump_path()
+    import triton
+
+    check_spills = triton.__version__.startswith(SPILLS_RECORDED_WITH)
+    if not check_spills:
+        print(f"NOTE: spills are checked only with triton {SPILLS_RECORDED_WITH}.x (this is {triton.__version__})")
     failures = []
     for label, launch, spill_free_on in cases():
         launch()
@@ -165,7 +176,7 @@ def main():
             if shared > SHARED_MEMORY:
                 failures.append(f"{name} ({label}) needs {shared} bytes of shared memory, sm_{ARCH} has "
                                 f"{SHARED_MEMORY}")
-            if ARCH in spill_free_on and (usage["STACK"] or usage.get("LOCAL", 0)):
+            if check_spills and ARCH in spill_free_on and (usage["STACK"] or usage.get("LOCAL", 0)):
                 failures.append(f"{name} ({label}) spills registers on sm_{ARCH}: {usage['STACK']} bytes of "
                                 f"stack frame, {usage['REG']} registers")
         compiled.clear()

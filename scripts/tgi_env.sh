@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# A TGI environment for the TGI adapter's tests (`make tgi-env`), outside the repo and
+# cached between runs: TGI v3.3.7's Python server from the wheel in $TGI_WHEELS,
+# installed under its own CPU constraints (torch 2.7.0 + IPEX 2.7.0, about 6 GB, about
+# 5 minutes cold), then this checkout installed into it as a user would: a normal
+# (non-editable) pip install under the same constraints, so that none of TGI's pins
+# moves and the wheel's accel_plugin_tgi.pth activation file is installed.
+#
+# Without the wheel (a user's machine) it prints why and exits 0: the TGI tests skip.
+set -euo pipefail
+WHEELS=${TGI_WHEELS:-../shared/wheels}
+VENV=${TGI_VENV:-$HOME/.cache/accel-plugin/venvs/tgi-3.3.7}
+PYTHON=${TGI_BASE_PYTHON:-python3.11}
+WHEEL="$WHEELS/text_generation_server-2.0.5.dev0-py3-none-any.whl"
+CONSTRAINTS="$WHEELS/tgi-3.3.7-cpu-constraints.txt"
+
+if [ ! -f "$WHEEL" ] || [ ! -f "$CONSTRAINTS" ]; then
+    echo "tgi-env: no TGI wheel and constraints in $WHEELS: the TGI tests will skip"
+    exit 0
+fi
+WHEEL=$(realpath "$WHEEL"); CONSTRAINTS=$(realpath "$CONSTRAINTS")
+key=$(cat "$WHEEL" "$CONSTRAINTS" | sha256sum | cut -c1-16)
+stamp="$VENV/.accel-tgi-stamp"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$key" ]; then
+    echo "tgi-env: installing TGI v3.3.7 (CPU) into $VENV (about 5 minutes, 6 GB)"
+    rm -rf "$VENV"
+    "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/pip" install --quiet --upgrade pip
+    "$VENV/bin/pip" install --quiet -c "$CONSTRAINTS" torch==2.7.0 intel-extension-for-pytorch==2.7.0 \
+        "text-generation-server[accelerate,compressed-tensors,peft,outlines] @ file://$WHEEL"
+    echo "$key" > "$stamp"
+fi
+# this checkout, as a user installs it next to TGI (TGI's pins are constraints: they must hold)
+# (a local folder is always rebuilt and reinstalled; its dependencies must already fit)
+"$VENV/bin/pip" install --quiet -c "$CONSTRAINTS" .
+"$VENV/bin/pip" check >/dev/null || { "$VENV/bin/pip" check; exit 1; }
+echo "tgi-env: $VENV/bin/python ($("$VENV/bin/python" -c 'import text_generation_server, torch, triton; print(f"torch {torch.__version__}, triton {triton.__version__}")'))"
