@@ -15,6 +15,12 @@ WHEEL="$WHEELS/text_generation_server-2.0.5.dev0-py3-none-any.whl"
 CONSTRAINTS="$WHEELS/tgi-3.3.7-cpu-constraints.txt"
 
 if [ ! -f "$WHEEL" ] || [ ! -f "$CONSTRAINTS" ]; then
+    if [ -x "$VENV/bin/python" ]; then
+        # a TGI environment built before: it must run this checkout, not an older one
+        echo "tgi-env: no TGI wheel in $WHEELS; reinstalling this checkout into the existing $VENV"
+        "$VENV/bin/pip" install --quiet .
+        exit 0
+    fi
     echo "tgi-env: no TGI wheel and constraints in $WHEELS: the TGI tests will skip"
     exit 0
 fi
