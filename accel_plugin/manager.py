@@ -41,6 +41,7 @@ __all__ = [
     "DEFAULT_PLUGINS",
     "ENTRY_POINT_GROUP",
     "OWN_DISTRIBUTION",
+    "NoProposerError",
     "PluginLoadError",
     "Plugins",
     "Registries",
@@ -61,6 +62,10 @@ OWN_DISTRIBUTION = "accel-plugin"
 DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (
     ("accel.builtin", "accel_plugin.builtin"),
 )
+
+
+class NoProposerError(RuntimeError):
+    """No plugin offers a speculative proposer to a framework's adapter."""
 
 
 class PluginLoadError(RuntimeError):
@@ -164,6 +169,20 @@ class Plugins:
                     )
             self._components[framework] = components
         return self._components[framework]
+
+    def proposer(self, framework: str, *, display: str | None = None) -> tuple[str, type]:
+        """(name, class) of the proposer an adapter of ``framework`` drives: the first one
+        offered to it, loaded from the registry. Raises :class:`NoProposerError` when
+        none is offered (``display`` names the framework in the message)."""
+        offered = self.components(framework).proposers
+        if not offered:
+            known = ", ".join(self.registries.proposers.names()) or "(none registered)"
+            raise NoProposerError(
+                f"no accel plugin offers a speculative proposer to {display or framework} "
+                f"(accel_adapter_components); registered proposers: {known}; see `accel doctor`"
+            )
+        name = offered[0]
+        return name, self.registries.proposers.get(name).load()
 
 
 def load_plugins(environ: Mapping[str, str] | None = None) -> Plugins:

@@ -127,3 +127,14 @@ def test_components_refuse_a_proposer_not_made_for_the_framework():
     plugins.pm.register(Offer, name="offer-to-sglang")
     with pytest.raises(ValueError, match="offered to sglang but declares frameworks vllm, tgi"):
         plugins.components("sglang")
+
+
+def test_an_adapter_gets_its_proposer_from_the_registry_or_a_clear_error():
+    from accel_plugin.manager import NoProposerError, load_plugins
+    from accel_plugin.speculative import DomainProposer
+
+    plugins = load_plugins({})
+    assert plugins.proposer("vllm") == ("ACCEL_DOMAIN_DRAFT", DomainProposer)
+    with pytest.raises(NoProposerError, match="no accel plugin offers a speculative proposer to SGLang .*"
+                                              "registered proposers: ACCEL_DOMAIN_DRAFT"):
+        plugins.proposer("sglang", display="SGLang")

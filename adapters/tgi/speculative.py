@@ -203,19 +203,14 @@ def _yaml_line(path: str | Path, key: str) -> int | None:
 
 def _core_proposer() -> tuple[str, type]:
     """(name, class) of the proposer the accel plugins offer to TGI (the registry's)."""
-    from accel_plugin.manager import process_plugins
+    from accel_plugin.manager import NoProposerError, process_plugins
 
     from . import FRAMEWORK
 
-    plugins = process_plugins()
-    offered = plugins.components(FRAMEWORK).proposers
-    if not offered:
-        known = ", ".join(plugins.registries.proposers.names()) or "(none registered)"
-        raise SpeculationConfigError(
-            f"no accel plugin offers a speculative proposer to TGI (accel_adapter_components); "
-            f"registered proposers: {known}; see `accel doctor`, or unset ACCEL_DRAFT_CONFIG")
-    name = offered[0]
-    return name, plugins.registries.proposers.get(name).load()
+    try:
+        return process_plugins().proposer(FRAMEWORK, display="TGI")
+    except NoProposerError as exc:
+        raise SpeculationConfigError(f"{exc}, or unset ACCEL_DRAFT_CONFIG") from None
 
 
 @dataclass

@@ -79,16 +79,7 @@ def _core_proposer() -> tuple[str, type]:
 
     from . import FRAMEWORK
 
-    plugins = process_plugins()
-    offered = plugins.components(FRAMEWORK).proposers
-    if not offered:
-        known = ", ".join(plugins.registries.proposers.names()) or "(none registered)"
-        raise RuntimeError(
-            f"no accel plugin offers a speculative proposer to vLLM (accel_adapter_components); "
-            f"registered proposers: {known}; see `accel doctor`"
-        )
-    name = offered[0]
-    return name, plugins.registries.proposers.get(name).load()
+    return process_plugins().proposer(FRAMEWORK, display="vLLM")
 
 
 class DomainDraftProposer:
