@@ -25,6 +25,7 @@ import importlib
 _LAZY = {
     "reference": None,
     "limits": None,
+    "tolerance": None,
     "runtime_mode": "_runtime",
     "runtime_mode_reason": "_runtime",
     "MAX_BLOCK_SIZE": "_validation",
@@ -61,5 +62,6 @@ __all__ = [
     "reference",
     "runtime_mode",
     "runtime_mode_reason",
+    "tolerance",
     "write_kv_cache",
 ]
