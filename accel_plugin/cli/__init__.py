@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tune-draft": ("accel_plugin.cli.tune_draft", "distil a draft model toward a target on one domain's prompts"),
     "bench": ("accel_plugin.cli.bench", "benchmarks: acceptance, cost ratio and speedup per domain"),
     "models": ("accel_plugin.cli.models", "fetch real models (e.g. SmolLM2-135M) once into a cache; list them"),
+    "kv": ("accel_plugin.cli.kv", "KV-cache fragmentation: simulate allocators on a request trace"),
 }
 
 
