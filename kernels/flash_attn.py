@@ -27,7 +27,15 @@ import triton.language as tl
 
 from . import _common, _configs
 from . import reference as _reference
-from ._runtime import COMPILED, REFERENCE, kernels_interpreted, runtime_mode, warn_reference_fallback
+from ._runtime import (
+    COMPILED,
+    INTERPRETER,
+    REFERENCE,
+    check_interpreter,
+    kernels_interpreted,
+    runtime_mode,
+    warn_reference_fallback,
+)
 from ._validation import SUPPORTED_DTYPES, check_flag, validate_varlen
 
 
@@ -173,6 +181,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         caller's out. A row that sees no key gets 0 and lse -inf.
     """
     mode = runtime_mode(q.device) if isinstance(q, torch.Tensor) else COMPILED
+    if mode == INTERPRETER:
+        check_interpreter()  # once per process: a clear error instead of an opaque one
     check_flag("causal", causal)
     check_flag("return_lse", return_lse)
     params = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,

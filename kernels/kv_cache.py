@@ -15,7 +15,15 @@ import triton
 import triton.language as tl
 
 from . import reference as _reference
-from ._runtime import COMPILED, REFERENCE, kernels_interpreted, runtime_mode, warn_reference_fallback
+from ._runtime import (
+    COMPILED,
+    INTERPRETER,
+    REFERENCE,
+    check_interpreter,
+    kernels_interpreted,
+    runtime_mode,
+    warn_reference_fallback,
+)
 from ._validation import SUPPORTED_DTYPES, validate_write_kv
 
 
@@ -56,6 +64,8 @@ def write_kv_cache(k, v, k_cache, v_cache, slot_mapping):
         slot_mapping: int64 (or int32) [num_tokens]; slot = block * block_size + offset, -1 = skip.
     """
     mode = runtime_mode(k.device) if isinstance(k, torch.Tensor) else COMPILED
+    if mode == INTERPRETER:
+        check_interpreter()  # once per process: a clear error instead of an opaque one
     validate_write_kv(k, v, k_cache, v_cache, slot_mapping, SUPPORTED_DTYPES, check_contents=mode != COMPILED)
     if mode == REFERENCE:
         warn_reference_fallback(k.device)

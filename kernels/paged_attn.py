@@ -29,7 +29,15 @@ import triton.language as tl
 
 from . import _common, _configs
 from . import reference as _reference
-from ._runtime import COMPILED, REFERENCE, kernels_interpreted, runtime_mode, warn_reference_fallback
+from ._runtime import (
+    COMPILED,
+    INTERPRETER,
+    REFERENCE,
+    check_interpreter,
+    kernels_interpreted,
+    runtime_mode,
+    warn_reference_fallback,
+)
 from ._validation import SUPPORTED_DTYPES, check_flag, validate_paged
 from .flash_attn import dot_precision
 
@@ -225,6 +233,8 @@ def paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, ma
         out [total_q, num_heads, head_dim] (the ``out`` passed in, if any).
     """
     mode = runtime_mode(q.device) if isinstance(q, torch.Tensor) else COMPILED
+    if mode == INTERPRETER:
+        check_interpreter()  # once per process: a clear error instead of an opaque one
     check_flag("causal", causal)
     params = validate_paged(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, max_seqlen_q, max_seq_len,
                             softmax_scale, window_size, softcap, num_splits, out, SUPPORTED_DTYPES,

@@ -87,6 +87,7 @@ def activate(setting: str | None = None) -> str | None:
     if package is None:
         raise RuntimeError(f"import {_patches.ATTENTION_PACKAGE} before activating accel-plugin's TGI adapter "
                            "(or use install_import_hook())")
+    _compat.check_version()
     mode = _compat.check_attention_mode()
     _compat.check_signatures(package)
     plugins = process_plugins()
@@ -133,7 +134,9 @@ def activate_speculation() -> bool:
 
     if envs.draft_config_path() is None:
         return False
-    from . import _patches
+    from . import _compat, _patches
+
+    _compat.check_version()
 
     _patches.apply(_patches.SPECULATION_PATCHES)
     return True

@@ -33,6 +33,10 @@ from accel_plugin.attention import UnsupportedAttentionConfig
 
 __all__ = [
     "FALLBACK_HINT",
+    "REMEDY",
+    "SUPPORTED_VERSIONS",
+    "TESTED_VERSIONS",
+    "check_version",
     "LOGGER_NAME",
     "SIGNATURES",
     "SUPPORTED_ATTENTION",
@@ -54,6 +58,26 @@ try:
     TGI_VERSION = metadata.version("text-generation-server")
 except metadata.PackageNotFoundError:  # a source checkout on sys.path
     TGI_VERSION = "unknown"
+
+#: The server versions this adapter supports (PEP 440) and the ones the matrix ran
+#: (docs/compatibility.md). TGI v3.3.7's wheel says 2.0.5.dev0, a string upstream left
+#: unchanged across releases, so the version alone cannot tell releases apart:
+#: :func:`check_signatures` is the second guard (a TGI whose attention functions take
+#: other parameters is refused too).
+SUPPORTED_VERSIONS = "==2.0.5.dev0"
+TESTED_VERSIONS = ("2.0.5.dev0 (TGI v3.3.7)",)
+REMEDY = ("install TGI v3.3.7's server (text-generation-server 2.0.5.dev0), or unset "
+          "ACCEL_ATTENTION_BACKEND and ACCEL_DRAFT_CONFIG to run this TGI without accel-plugin")
+
+
+def check_version(version: str | None = None) -> None:
+    """Refuse a TGI server outside :data:`SUPPORTED_VERSIONS`
+    (:class:`~accel_plugin.compatibility.UnsupportedFrameworkVersion`, naming the range)."""
+    from accel_plugin.compatibility import check_framework_version
+
+    check_framework_version("TGI's server (text-generation-server)", TGI_VERSION if version is None else version,
+                            SUPPORTED_VERSIONS, tested=TESTED_VERSIONS, remedy=REMEDY)
+
 
 #: ATTENTION values whose KV cache our kernels read as it is.
 SUPPORTED_ATTENTION: tuple[str, ...] = ("paged", "flashdecoding-ipex")

@@ -103,15 +103,47 @@ def _install(logger, plugins, names: list[str]) -> str:
     return f"ACCEL_ATTENTION_BACKEND={setting} -> {backend}"
 
 
-def register() -> None:
-    """Entry point of ``vllm.general_plugins``; idempotent and never raises.
+def _user_selected(environ=None) -> list[str]:
+    """The accel-plugin settings the user set (each one asks this adapter to act)."""
+    from accel_plugin import envs
 
-    A failure is logged and leaves vLLM's own choices in place.
+    environ = os.environ if environ is None else environ
+    return [name for name in (envs.ACCEL_ATTENTION_BACKEND, envs.ACCEL_DRAFT_CONFIG) if environ.get(name)]
+
+
+def _version_supported(logger) -> bool:
+    """Whether this vLLM is one the adapter supports (``_compat.SUPPORTED_VERSIONS``).
+
+    Outside the range: if the user set ``ACCEL_ATTENTION_BACKEND`` or
+    ``ACCEL_DRAFT_CONFIG``, start-up stops with the range in the message; otherwise
+    (nothing asked of accel-plugin) a warning, and the plugin installs nothing.
+    """
+    from accel_plugin.compatibility import UnsupportedFrameworkVersion
+
+    try:
+        from . import _compat  # noqa: F401  (checks the version before anything else)
+    except UnsupportedFrameworkVersion as exc:
+        selected = _user_selected()
+        if selected:
+            raise UnsupportedFrameworkVersion(f"{exc} ({', '.join(selected)} set)") from None
+        logger.warning("accel-plugin stays inactive: %s", exc)
+        return False
+    return True
+
+
+def register() -> None:
+    """Entry point of ``vllm.general_plugins``; idempotent.
+
+    A vLLM outside the supported range stops start-up when an accel setting is set
+    (:func:`_version_supported`). Any other failure is logged and leaves vLLM's own
+    choices in place.
     """
     global _REGISTERED
     logger = _logger()
     if _REGISTERED:
         logger.debug("accel-plugin: register() already ran in process %d", os.getpid())
+        return
+    if not _version_supported(logger):
         return
     try:
         from accel_plugin.manager import process_plugins

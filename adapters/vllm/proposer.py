@@ -87,6 +87,14 @@ class DomainDraftProposer:
 
     def __init__(self, vllm_config: Any):
         from accel_plugin import envs
+
+        from accel_plugin.compatibility import UnsupportedFrameworkVersion
+
+        from . import _compat  # refuses a vLLM outside SUPPORTED_VERSIONS
+
+        refusal = _compat.speculation_refusal()
+        if refusal is not None:  # at start-up, not at the first verification step
+            raise UnsupportedFrameworkVersion(f"accel-plugin's domain proposer cannot run here: {refusal}")
         from accel_plugin.config import ConfigIssue, DraftConfigError, check_against_target, load_draft_config
 
         path = envs.draft_config_path()

@@ -19,7 +19,7 @@ import textwrap
 import pytest
 import torch
 from accel_plugin.adapters import tgi
-from accel_plugin.adapters.tgi import _patches
+from accel_plugin.adapters.tgi import _compat, _patches
 from accel_plugin.adapters.tgi import attention as accel_attention
 
 from accel_plugin import envs
@@ -136,7 +136,9 @@ def fake_tgi(tmp_path, monkeypatch):
     """Factory: ``fake_tgi(attention="paged", backend="flash", overrides=None)`` puts a fresh fake
     TGI first on sys.path and sets the variables; the adapter is uninstalled afterwards."""
 
-    def make(attention="paged", backend="flash", overrides=None):
+    def make(attention="paged", backend="flash", overrides=None, version=_compat.TESTED_VERSIONS[0].split()[0]):
+        # the fake has no package metadata: it reports the version the test names
+        monkeypatch.setattr(_compat, "TGI_VERSION", version)
         monkeypatch.setenv("ATTENTION", attention)
         if backend is None:
             monkeypatch.delenv(envs.ACCEL_ATTENTION_BACKEND, raising=False)
@@ -375,3 +377,18 @@ def test_refuses_a_non_standard_kv_head_mapping(fake_tgi):
 
 def test_refuses_unsupported_head_sizes(fake_tgi):
     assert "head size 16" in _refusal(fake_tgi, query=torch.randn(2, NUM_HEADS, 16))
+
+
+@pytest.mark.parametrize("version", ["2.0.4", "3.0.0", "unknown"])
+def test_unsupported_tgi_version_is_refused_naming_the_range(fake_tgi, version):
+    from accel_plugin.compatibility import UnsupportedFrameworkVersion
+
+    fake_tgi(version=version)
+    tgi.install_import_hook()
+    with pytest.raises(UnsupportedFrameworkVersion) as err:
+        imp(f"{PKG}.layers.attention")
+    message = str(err.value)
+    assert "supports TGI's server (text-generation-server) ==2.0.5.dev0" in message
+    assert f"this is TGI's server (text-generation-server) {version}" in message
+    assert "unset ACCEL_ATTENTION_BACKEND" in message
+    assert not _patches.ATTENTION_FUNCTIONS.applied

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 from accel_plugin.adapters import tgi
-from accel_plugin.adapters.tgi import _patches, _startup, speculative
+from accel_plugin.adapters.tgi import _compat, _patches, _startup, speculative
 
 from accel_plugin import envs
 from accel_plugin.config import DraftConfigError
@@ -215,6 +215,7 @@ def fake_tgi(tmp_path, monkeypatch):
     variables set, the hook installed; uninstalled afterwards."""
 
     def make(draft_config=None, backend=None, attention="flashdecoding-ipex"):
+        monkeypatch.setattr(_compat, "TGI_VERSION", "2.0.5.dev0")  # the fake has no metadata
         monkeypatch.setenv("ATTENTION", attention)
         for name, value in ((envs.ACCEL_DRAFT_CONFIG, draft_config), (envs.ACCEL_ATTENTION_BACKEND, backend)):
             if value is None:

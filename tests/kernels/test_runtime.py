@@ -123,3 +123,34 @@ def test_reference_fallback_of_paged_and_kv_write_validates_once_and_matches(mon
         torch.testing.assert_close(out, expected)
         with pytest.raises(ValueError, match="block_table entries"):
             kernels.paged_attention(q, k_cache, v_cache, cu, lens, torch.tensor([[1, 9]], dtype=torch.int32), 3, 20)
+
+
+def test_an_unusable_interpreter_is_refused_with_the_versions_and_the_fix(monkeypatch):
+    """triton 3.3's interpreter with numpy 2.4 (seen in the compatibility matrix) fails
+    every kernel loop with an opaque InterpreterError; the kernels say why instead."""
+    from accel_plugin.kernels import _runtime
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args):
+                raise TypeError("only 0-dimensional arrays can be converted to Python scalars")
+            return launch
+
+    monkeypatch.setattr(_runtime, "_interpreter_checked", None)
+    monkeypatch.setattr(_runtime, "_loop_probe", Broken())
+    for _ in range(2):  # decided once, raised on every call
+        with pytest.raises(_runtime.InterpreterUnusable) as err:
+            _runtime.check_interpreter()
+        message = str(err.value)
+        assert f"triton {_runtime.triton.__version__}" in message and "numpy" in message
+        assert "pip install 'numpy<2.4'" in message and "unset TRITON_INTERPRET" in message
+
+
+def test_the_interpreter_probe_passes_here(monkeypatch):
+    from accel_plugin.kernels import _runtime
+
+    if not _runtime.kernels_interpreted():
+        pytest.skip("kernels are not interpreted in this process")
+    monkeypatch.setattr(_runtime, "_interpreter_checked", None)
+    _runtime.check_interpreter()
+    assert _runtime._interpreter_checked == "ok"
