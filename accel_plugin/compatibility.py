@@ -81,8 +81,9 @@ REFUSAL_CHECKS: dict[str, str] = {
     "integration/test_vllm_version_refusal.py": "vLLM outside the supported range: start-up fails, naming the range",
 }
 
-#: Triton releases whose interpreter needs numpy < 2.4 (the matrix found it).
-OLD_NUMPY_TRITON = ("3.3.0", "3.3.1")
+#: Triton releases whose interpreter needs numpy < 2.4 (the matrix found it: with
+#: numpy 2.4 every kernel loop fails in them; 3.7.0 and later run with it).
+OLD_NUMPY_TRITON = ("3.3.0", "3.3.1", "3.4.0", "3.5.0", "3.5.1", "3.6.0")
 #: Triton releases that pyproject's ``triton>=3.3`` admits and that install here.
 TRITON_RELEASES = ("3.3.0", "3.3.1", "3.4.0", "3.5.0", "3.5.1", "3.6.0", "3.7.0", "3.7.1", "3.8.0", "3.9.0")
 
@@ -420,8 +421,9 @@ def render(records: dict[str, Record] | None = None) -> str:
         lines.append(f"| {name} | {c.device} | {_fmt_versions(c, record)} | {_result(c, record)} | "
                      f"{_fmt_seconds(record.seconds if record else None)} | "
                      f"{(record.date if record and record.date else '-')} |")
-    lines += ["", f"All cells together took {_fmt_seconds(total)} of wall time on a 2-core CPU "
-              "(install time included; a cell's environment is cached, `nox -r` reuses it).", "",
+    lines += ["", f"The cells' times add up to {_fmt_seconds(total)} on a 2-core CPU: each cell's wall time, "
+              "building its environment included (cached afterwards: `nox -r` reuses it). Cells run side by "
+              "side share the cores and each takes longer.", "",
               "## What each cell ran", ""]
     for c in CELLS:
         record = records.get(c.id)
