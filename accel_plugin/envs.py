@@ -18,6 +18,9 @@ from dataclasses import dataclass
 __all__ = [
     "ACCEL_ATTENTION_BACKEND",
     "ACCEL_DRAFT_CONFIG",
+    "ACCEL_METRICS",
+    "ACCEL_METRICS_DIR",
+    "ACCEL_METRICS_LOG_INTERVAL",
     "ACCEL_MODELS_DIR",
     "ACCEL_PLUGINS",
     "ACCEL_TRACE",
@@ -26,6 +29,9 @@ __all__ = [
     "EnvVarError",
     "attention_backend",
     "draft_config_path",
+    "metrics_dir",
+    "metrics_enabled",
+    "metrics_log_interval",
     "models_dir",
     "plugin_allowlist",
     "trace_enabled",
@@ -33,6 +39,9 @@ __all__ = [
 
 ACCEL_ATTENTION_BACKEND = "ACCEL_ATTENTION_BACKEND"
 ACCEL_DRAFT_CONFIG = "ACCEL_DRAFT_CONFIG"
+ACCEL_METRICS = "ACCEL_METRICS"
+ACCEL_METRICS_DIR = "ACCEL_METRICS_DIR"
+ACCEL_METRICS_LOG_INTERVAL = "ACCEL_METRICS_LOG_INTERVAL"
 ACCEL_MODELS_DIR = "ACCEL_MODELS_DIR"
 ACCEL_PLUGINS = "ACCEL_PLUGINS"
 ACCEL_TRACE = "ACCEL_TRACE"
@@ -41,6 +50,9 @@ ACCEL_TRACE = "ACCEL_TRACE"
 ATTENTION_BACKEND_CHOICES: tuple[str, ...] = ("flash", "paged", "auto")
 _BOOL_TRUE = ("1", "true", "yes", "on")
 _BOOL_FALSE = ("0", "false", "no", "off", "")
+_BOOL_VALID = "1/0, true/false, yes/no, on/off"
+#: seconds between two ``accel KV: ...`` log lines when ACCEL_METRICS_LOG_INTERVAL is unset
+DEFAULT_METRICS_LOG_INTERVAL = 10.0
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(ACCEL_MODELS_DIR, "cache of models fetched by `accel models get`; unset = ~/.cache/accel-plugin/models"),
     EnvVar(ACCEL_PLUGINS, "comma-separated allowlist of third-party accel plugins (entry-point names)"),
     EnvVar(ACCEL_TRACE, "1 = log every hook call of the plugin manager at DEBUG level"),
+    EnvVar(ACCEL_METRICS, "0 = no live metrics (Prometheus accel_* metrics, periodic log line); default on"),
+    EnvVar(ACCEL_METRICS_LOG_INTERVAL, "seconds between two metrics log lines; 0 = none; default 10"),
+    EnvVar(ACCEL_METRICS_DIR, "directory of the worker's metric files; unset = a temporary one per server"),
 )
 
 
@@ -116,23 +131,55 @@ def plugin_allowlist(environ: Mapping[str, str] | None = None) -> frozenset[str]
     return frozenset(n for n in names if n)
 
 
-def trace_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """ACCEL_TRACE: whether hook calls are traced to the log."""
-    raw = _env(environ).get(ACCEL_TRACE)
-    if raw is None:
-        return False
+def _bool(name: str, raw: str) -> bool:
     value = raw.strip().lower()
     if value in _BOOL_TRUE:
         return True
     if value in _BOOL_FALSE:
         return False
-    raise EnvVarError(ACCEL_TRACE, raw, "1/0, true/false, yes/no, on/off")
+    raise EnvVarError(name, raw, _BOOL_VALID)
+
+
+def trace_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """ACCEL_TRACE: whether hook calls are traced to the log."""
+    raw = _env(environ).get(ACCEL_TRACE)
+    return False if raw is None else _bool(ACCEL_TRACE, raw)
+
+
+def metrics_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """ACCEL_METRICS: whether live metrics are recorded; on when unset or empty."""
+    raw = _env(environ).get(ACCEL_METRICS)
+    return True if raw is None or raw.strip() == "" else _bool(ACCEL_METRICS, raw)
+
+
+def metrics_log_interval(environ: Mapping[str, str] | None = None) -> float:
+    """ACCEL_METRICS_LOG_INTERVAL: seconds between two metrics log lines (0 = none)."""
+    raw = _env(environ).get(ACCEL_METRICS_LOG_INTERVAL)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_METRICS_LOG_INTERVAL
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < float("inf"):
+        raise EnvVarError(ACCEL_METRICS_LOG_INTERVAL, raw, "a number of seconds >= 0 (0 = no log line)")
+    return value
+
+
+def metrics_dir(environ: Mapping[str, str] | None = None) -> str | None:
+    """ACCEL_METRICS_DIR: the directory of the metric files; ``None`` when unset or empty
+    (accel_plugin.metrics then makes one)."""
+    raw = _env(environ).get(ACCEL_METRICS_DIR)
+    if raw is None or raw.strip() == "":
+        return None
+    return os.path.expanduser(raw.strip())
 
 
 def check_all(environ: Mapping[str, str] | None = None) -> list[EnvVarError]:
     """Validate every variable; returns the errors (empty when all are fine)."""
     errors: list[EnvVarError] = []
-    for getter in (attention_backend, draft_config_path, models_dir, plugin_allowlist, trace_enabled):
+    for getter in (attention_backend, draft_config_path, models_dir, plugin_allowlist, trace_enabled,
+                   metrics_enabled, metrics_log_interval, metrics_dir):
         try:
             getter(environ)
         except EnvVarError as exc:

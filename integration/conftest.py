@@ -12,8 +12,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -97,3 +104,99 @@ def run_vllm():
     result: {"pid": driver pid, "token_ids": [[...]], "texts": [...]}.
     """
     return _run_vllm
+
+
+SERVE = SCRIPTS / "vllm_serve.py"  # `vllm serve`, see its docstring
+SERVE_START_TIMEOUT_S = 240
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VllmServer:
+    """A `vllm serve` started by the ``vllm_server`` fixture (scripts/vllm_serve.py).
+
+    ``base``: its URL; ``tmpdir``: its ``TMPDIR`` (what it leaves there shows after :meth:`stop`).
+    """
+
+    def __init__(self, proc: subprocess.Popen, base: str, log_path: Path, tmpdir: Path):
+        self.proc, self.base, self.log_path, self.tmpdir = proc, base, log_path, tmpdir
+
+    def post(self, path: str, body: dict, timeout: float = 300) -> dict:
+        request = urllib.request.Request(self.base + path, data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_healthy(self, timeout: float = SERVE_START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"vllm serve exited with {self.proc.returncode}:\n{self.log()[-6000:]}")
+            try:
+                with urllib.request.urlopen(self.base + "/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(1)
+        pytest.fail(f"vllm serve not healthy after {timeout}s:\n{self.log()[-6000:]}")
+
+    def stop(self) -> None:
+        """SIGINT to its process group (as Ctrl-C), SIGKILL after 30 s."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+
+    def leftover_metric_dirs(self) -> list[str]:
+        """accel metric directories left in its TMPDIR (none once it stopped cleanly)."""
+        return sorted(p.name for p in self.tmpdir.glob("accel-metrics-*"))
+
+
+@pytest.fixture
+def vllm_server(tmp_path):
+    """Factory: ``vllm_server(model_dir, *serve_args, env={...})`` -> a healthy
+    :class:`VllmServer` on 127.0.0.1, stopped at teardown.
+
+    vLLM's default multiprocess mode (``VLLM_ENABLE_V1_MULTIPROCESSING`` removed),
+    ``--dtype float32 --max-model-len 512 --enforce-eager --seed 0`` unless
+    ``serve_args`` say otherwise; ``env``: more variables (``None`` removes one).
+    """
+    servers: list[VllmServer] = []
+
+    def start(model_dir, *serve_args: str, env: dict | None = None) -> VllmServer:
+        n = len(servers)
+        # short: vLLM puts its ZeroMQ sockets there (at most 107 characters a path)
+        tmpdir = Path(tempfile.mkdtemp(prefix="vllm-serve-"))
+        log_path = tmp_path / f"server-{n}.log"
+        environ = {**os.environ, "TMPDIR": str(tmpdir), **(env or {})}
+        environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # vLLM's default: multiprocess
+        environ = {k: v for k, v in environ.items() if v is not None}
+        port = free_port()
+        defaults = {"--dtype": "float32", "--max-model-len": "512", "--seed": "0"}
+        args = [a for k, v in defaults.items() if k not in serve_args for a in (k, v)]
+        if "--enforce-eager" not in serve_args:
+            args.append("--enforce-eager")
+        cmd = [sys.executable, str(SERVE), str(model_dir), "--host", "127.0.0.1", "--port", str(port),
+               *args, *serve_args]
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, env=environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        server = VllmServer(proc, f"http://127.0.0.1:{port}", log_path, tmpdir)
+        servers.append(server)
+        server.wait_healthy()
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+        shutil.rmtree(server.tmpdir, ignore_errors=True)

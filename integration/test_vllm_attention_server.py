@@ -7,13 +7,8 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,22 +17,14 @@ import pytest
 pytestmark = pytest.mark.vllm
 
 SCRIPT = Path(__file__).parent / "scripts" / "vllm_generate.py"
-SERVE = Path(__file__).parent / "scripts" / "vllm_serve.py"  # `vllm serve`, see its docstring
 NUM_REQUESTS = 16
 MAX_TOKENS = 4  # 16 sequences per decode step under the Triton interpreter: keep it short
-START_TIMEOUT_S = 240
 
 
 def _prompts():
     rng = random.Random(7)
     lengths = [1 + (i * 9) % 70 for i in range(NUM_REQUESTS)]  # 1 .. 64 tokens
     return [[rng.randrange(3, 380) for _ in range(n)] for n in lengths]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stock_tokens(model_dir, prompts):
@@ -52,66 +39,20 @@ def _stock_tokens(model_dir, prompts):
     return json.loads(line[len("RESULT "):])["token_ids"]
 
 
-def _post(url, body, timeout=300):
-    request = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.loads(response.read())
-
-
-def _wait_healthy(base, proc, log_path):
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"vllm serve exited with {proc.returncode}:\n{log_path.read_text()[-6000:]}")
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(1)
-    pytest.fail(f"vllm serve not healthy after {START_TIMEOUT_S}s:\n{log_path.read_text()[-6000:]}")
-
-
-@pytest.fixture
-def accel_server(tiny_model_dir, tmp_path):
+def test_openai_server_answers_concurrent_requests_like_stock_backend(tiny_model_dir, vllm_server):
     model_dir = tiny_model_dir("gqa-d32")
-    port = _free_port()
-    log_path = tmp_path / "serve.log"
-    env = {**os.environ, "ACCEL_ATTENTION_BACKEND": "flash"}
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # vLLM's default: multiprocess
-    cmd = [sys.executable, str(SERVE), str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", "float32", "--block-size", "32", "--max-model-len", "512", "--enforce-eager",
-           "--max-num-seqs", str(NUM_REQUESTS), "--seed", "0"]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(base, proc, log_path)
-        yield model_dir, base, log_path
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
-
-
-def test_openai_server_answers_concurrent_requests_like_stock_backend(accel_server):
-    model_dir, base, log_path = accel_server
+    server = vllm_server(model_dir, "--block-size", "32", "--max-num-seqs", str(NUM_REQUESTS),
+                         env={"ACCEL_ATTENTION_BACKEND": "flash"})
     prompts = _prompts()
 
     def complete(prompt):
         body = {"model": str(model_dir), "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0,
                 "ignore_eos": True, "return_token_ids": True}
-        return _post(base + "/v1/completions", body)["choices"][0]["token_ids"]
+        return server.post("/v1/completions", body)["choices"][0]["token_ids"]
 
     with ThreadPoolExecutor(max_workers=NUM_REQUESTS) as pool:
         answers = list(pool.map(complete, prompts))
     assert all(len(a) == MAX_TOKENS for a in answers), answers
-    log = log_path.read_text()
+    log = server.log()
     assert "Using ACCEL_FLASH attention backend (accel-plugin)" in log, log[-4000:]
     assert answers == _stock_tokens(model_dir, prompts)

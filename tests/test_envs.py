@@ -45,3 +45,25 @@ def test_models_dir():
     assert envs.models_dir({}) is None
     assert envs.models_dir({envs.ACCEL_MODELS_DIR: "  "}) is None
     assert envs.models_dir({envs.ACCEL_MODELS_DIR: " /data/models "}) == "/data/models"
+
+
+@pytest.mark.parametrize("raw,expected", [(None, True), ("", True), ("0", False), ("off", False), ("YES", True)])
+def test_metrics_enabled(raw, expected):
+    environ = {} if raw is None else {envs.ACCEL_METRICS: raw}
+    assert envs.metrics_enabled(environ) is expected
+
+
+def test_metrics_bad_values_name_valid_ones():
+    with pytest.raises(envs.EnvVarError, match="ACCEL_METRICS='maybe'.*on/off"):
+        envs.metrics_enabled({envs.ACCEL_METRICS: "maybe"})
+    for raw in ("-1", "soon", "nan", "inf"):
+        with pytest.raises(envs.EnvVarError, match="seconds >= 0"):
+            envs.metrics_log_interval({envs.ACCEL_METRICS_LOG_INTERVAL: raw})
+
+
+def test_metrics_log_interval_and_dir():
+    assert envs.metrics_log_interval({}) == envs.DEFAULT_METRICS_LOG_INTERVAL == 10.0
+    assert envs.metrics_log_interval({envs.ACCEL_METRICS_LOG_INTERVAL: "0"}) == 0.0
+    assert envs.metrics_log_interval({envs.ACCEL_METRICS_LOG_INTERVAL: " 2.5 "}) == 2.5
+    assert envs.metrics_dir({}) is None
+    assert envs.metrics_dir({envs.ACCEL_METRICS_DIR: " /tmp/m "}) == "/tmp/m"

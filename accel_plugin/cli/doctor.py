@@ -81,6 +81,9 @@ def _env_report(environ=None) -> tuple[dict[str, Any], list[str]]:
         envs.ACCEL_MODELS_DIR: envs.models_dir,
         envs.ACCEL_PLUGINS: envs.plugin_allowlist,
         envs.ACCEL_TRACE: envs.trace_enabled,
+        envs.ACCEL_METRICS: envs.metrics_enabled,
+        envs.ACCEL_METRICS_LOG_INTERVAL: envs.metrics_log_interval,
+        envs.ACCEL_METRICS_DIR: envs.metrics_dir,
     }
     report: dict[str, Any] = {}
     errors: list[str] = []

@@ -17,6 +17,10 @@ proposer reuse them. It asks them what to install for ``vllm``
 3. when ``ACCEL_ATTENTION_BACKEND`` is set (and accel-plugin's selection accepts
    this device), the choice itself; on the CPU platform also as an override of
    ``CPU_ATTN``, vLLM's own mechanism for replacing the CPU backend.
+
+It also prepares the live metrics (:mod:`.metrics`): ``register()`` runs in the API
+server before vLLM starts its engine core, so the metric files' directory it sets up
+there reaches the worker, and ``/metrics`` serves what the worker records.
 """
 
 from __future__ import annotations
@@ -155,15 +159,29 @@ def register() -> None:
             logger.debug("accel-plugin: %s", note)
         summary = _install(logger, plugins, components.attention_backends)
         _REGISTERED = True
+        metrics = _setup_metrics(logger)
         logger.info(
-            "accel-plugin loaded in process %d; attention backends available: %s; %s",
+            "accel-plugin loaded in process %d; attention backends available: %s; %s; metrics: %s",
             os.getpid(),
             ", ".join(components.attention_backends) or "(none)",
             summary,
+            metrics,
         )
     except Exception:  # never crash the server because of the plugin
         _undo(logger)
         logger.exception("accel-plugin: register() failed; vLLM keeps its own attention backend")
+
+
+def _setup_metrics(logger) -> str:
+    """Prepare this process for live metrics; a failure turns metrics off, nothing else."""
+    try:
+        from .metrics import setup
+
+        directory = setup()
+    except Exception as exc:  # noqa: BLE001 - metrics never stop the server
+        logger.warning("accel-plugin: live metrics are off: %s", exc)
+        return "off"
+    return "off" if directory is None else f"files in {directory}"
 
 
 def _undo(logger) -> None:

@@ -21,6 +21,10 @@ is the only one to change:
   (:data:`SPEC_DECODE_METRIC_PREFIX`);
 * the attention layers of a loaded model are found with
   ``get_layers_from_vllm_config(config, Attention)`` (:func:`attention_backend_names`).
+* a KV-cache group whose every token holds a slot until the request ends is a
+  ``FullAttentionSpec`` (``vllm.v1.kv_cache_interface``; :func:`kv_cache_group_name`);
+  the ranks of a worker come from ``vllm.distributed.parallel_state``
+  (:func:`is_first_model_rank`).
 
 The versions this adapter supports are :data:`SUPPORTED_VERSIONS`, the ones the
 compatibility matrix ran (docs/compatibility.md; a test keeps the two in step).
@@ -82,7 +86,9 @@ __all__ = [
     "attention_backend_names",
     "backend_member",
     "current_platform",
+    "is_first_model_rank",
     "is_quantized_kv_cache",
+    "kv_cache_group_name",
     "logger",
     "override_cpu_backend",
     "platform_ignores_selected_backend",
@@ -211,6 +217,26 @@ def seq_lens_cpu(common: CommonAttentionMetadata) -> torch.Tensor | None:
     if common.seq_lens.device.type == "cpu":
         return common.seq_lens
     return getattr(common, "seq_lens_cpu_upper_bound", None)
+
+
+def kv_cache_group_name(kv_cache_spec) -> str | None:
+    """``"full"`` for a KV-cache group that holds ``ceil(seq_len / block_size)`` blocks per
+    request (full attention, also a sliding window computed over a full cache, which
+    vLLM uses when the hybrid allocator is off), else None (sliding-window and
+    chunked-local groups free blocks that leave the window; Mamba states are no slots)."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    return "full" if isinstance(kv_cache_spec, FullAttentionSpec) else None
+
+
+def is_first_model_rank() -> bool:
+    """Whether this worker is tensor-parallel rank 0 of the first pipeline stage (the one
+    whose view of a step stands for all ranks); True where no parallel state is set up."""
+    from vllm.distributed import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return True
+    return parallel_state.get_tensor_model_parallel_rank() == 0 and parallel_state.get_pp_group().is_first_rank
 
 
 def rejection_sampler_module():

@@ -89,6 +89,10 @@ class AccelMetadataBuilder(AttentionMetadataBuilder[AccelAttentionMetadata]):
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        from .metrics import kv_recorder
+
+        # live KV-cache metrics (docs/observability.md), from host-side lengths; None: off
+        self._metrics = kv_recorder(kv_cache_spec, vllm_config)
 
     def build(
         self,
@@ -114,6 +118,8 @@ class AccelMetadataBuilder(AttentionMetadataBuilder[AccelAttentionMetadata]):
             seq_lens_cpu=_compat.seq_lens_cpu(common),
             split_fresh_prompts=self.split_fresh_prompts,
         )
+        if self._metrics is not None:
+            self._metrics.record(common)
         return AccelAttentionMetadata(
             batch=batch,
             num_actual_tokens=common.num_actual_tokens,

@@ -24,7 +24,9 @@ another process)::
     llm = LLM(..., worker_extension_cls="accel_plugin.adapters.vllm.proposer.SpeculationStatsExtension")
     llm.collective_rpc("accel_speculation_stats")  # [{domain: {...}}], one per worker
 
-In the worker's own process, :func:`collect_stats` returns the same dict.
+In the worker's own process, :func:`collect_stats` returns the same dict. The same
+counters are Prometheus metrics on ``vllm serve``'s ``/metrics`` (``accel_spec_*``,
+docs/observability.md), recorded after each ``propose``.
 """
 
 from __future__ import annotations
@@ -132,6 +134,9 @@ class DomainDraftProposer:
             target_dir=model_config.model,
         )
         _LIVE.add(self)
+        from .metrics import proposer_recorder
+
+        self._metrics = proposer_recorder(vllm_config)  # live metrics (docs/observability.md); None: off
         _logger().info(
             "accel-plugin domain proposer (%s): config %s, domains %s, k_max %d, adaptive %s",
             self.proposer_name, path, ", ".join(f"{d}->{p or 'none'}" for d, p in config.drafts().items()),
@@ -165,7 +170,10 @@ class DomainDraftProposer:
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings: Any = None, **_: Any) -> list[list[int]]:
         """Drafts per batch row (at most ``num_speculative_tokens``; ``[]`` = none)."""
-        return self.core.propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        drafts = self.core.propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        if self._metrics is not None:
+            self._metrics.record(self.core)
+        return drafts
 
     def stats(self):
         """Per-domain :class:`~accel_plugin.speculative.DomainStats`."""

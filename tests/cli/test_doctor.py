@@ -82,3 +82,15 @@ def test_doctor_checks_the_draft_config(tmp_path):
     ok = run_doctor(env_overrides={"ACCEL_DRAFT_CONFIG": str(demo)})
     assert ok.returncode == 0, ok.stdout
     assert "domains support, code, default" in ok.stdout
+
+
+def test_doctor_reports_the_metrics_settings():
+    proc = run_doctor("--json", env_overrides={"ACCEL_METRICS_LOG_INTERVAL": "2"})
+    assert proc.returncode == 0, proc.stderr
+    env = json.loads(proc.stdout)["env"]
+    assert env["ACCEL_METRICS"] == {"raw": None, "value": True}
+    assert env["ACCEL_METRICS_LOG_INTERVAL"] == {"raw": "2", "value": 2.0}
+    assert env["ACCEL_METRICS_DIR"] == {"raw": None, "value": None}
+    proc = run_doctor(env_overrides={"ACCEL_METRICS": "maybe"})
+    assert proc.returncode == 1
+    assert "ACCEL_METRICS='maybe' is not valid; valid values: 1/0, true/false, yes/no, on/off" in proc.stdout
