@@ -54,6 +54,26 @@ def main(argv: list[str] | None = None) -> int:
     return int(args._run(args) or 0)
 
 
+def report(command: str, produce, format_table, as_json: bool, errors=(ValueError,)) -> int:
+    """The tail every report command shares: ``produce()`` the report (a dict); on one
+    of ``errors`` print ``accel <command>: error: ...`` and return 2; else print it as
+    JSON or as ``format_table(report)`` (plus the plot's path, if any) and return 0."""
+    import json
+
+    try:
+        out = produce()
+    except errors as exc:
+        print(f"accel {command}: error: {exc}", file=sys.stderr)
+        return 2
+    if as_json:
+        print(json.dumps(out, indent=1))
+    else:
+        print(format_table(out))
+        if out.get("plot"):
+            print(f"\nplot: {out['plot']}")
+    return 0
+
+
 def number_arg(valid, what: str = ""):
     """argparse type: a number within ``valid`` (an :class:`accel_plugin.ranges.Range`,
     the one its setting is validated with); the message names the valid values."""

@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from ..tuning import TuningError
@@ -73,19 +72,9 @@ def _acceptance(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from ..tuning.bench import format_table
+    from . import report
 
-    try:
-        report = args._bench(args)
-    except TuningError as exc:
-        print(f"accel bench {args.bench}: error: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(report, indent=1))
-    else:
-        print(format_table(report))
-        if report.get("plot"):
-            print(f"\nplot: {report['plot']}")
-    return 0
+    return report(f"bench {args.bench}", lambda: args._bench(args), format_table, args.json, TuningError)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -246,18 +245,10 @@ def plot(results: Sequence[SimResult], path: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        out, _ = args._kv(args)
-    except ValueError as exc:  # TraceError, SimulationError, bad --plot
-        print(f"accel kv {args.kv}: error: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(out, indent=1))
-    else:
-        print(format_table(out))
-        if out.get("plot"):
-            print(f"\nplot: {out['plot']}")
-    return 0
+    from . import report
+
+    # ValueError: TraceError, SimulationError, a bad --plot
+    return report(f"kv {args.kv}", lambda: args._kv(args)[0], format_table, args.json)
 
 
 def main(argv: list[str] | None = None) -> int:
