@@ -76,12 +76,18 @@ def report(command: str, produce, format_table, as_json: bool, errors=(ValueErro
 
 def number_arg(valid, what: str = ""):
     """argparse type: a number within ``valid`` (an :class:`accel_plugin.ranges.Range`,
-    the one its setting is validated with); the message names the valid values."""
+    the one its setting is validated with); the message names the valid values.
+
+    An integer flag refuses ``2.7`` (never truncated); nan is never valid, infinity
+    only where the range allows it. ``what`` names the kind in the message
+    (default: ``int`` -> ``an integer``, ``float`` -> ``a number``)."""
+    expected = f"{what} {valid}" if what else valid.expected
+
     def parse(text: str):
         try:
-            value = valid.kind(text)
+            value = valid.kind(text.strip())
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what or valid.kind.__name__}; got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"expected {expected}; got {text!r}") from None
         if value not in valid:
             raise argparse.ArgumentTypeError(f"must be {valid}; got {text!r}")
         return value

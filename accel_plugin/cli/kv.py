@@ -19,7 +19,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 from collections.abc import Sequence
@@ -48,19 +47,6 @@ DEFAULTS = {"requests": 1000, "seed": 0, "arrival_rate": 1.0}
 DEFAULT_BLOCK_SIZES = (1, 8, 16, 32, 64, 256)
 
 
-def _finite(valid: Range):
-    """:func:`number_arg` that also refuses nan (which compares as inside any range)."""
-    parse = number_arg(valid)
-
-    def check(text: str):
-        value = parse(text)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"must be {valid}; got {text!r}")
-        return value
-
-    return check
-
-
 def _block_sizes(text: str) -> tuple[int, ...]:
     valid = RANGES["block_size"]
     hint = f"comma-separated integers {valid}, e.g. 1,8,16,32,64,256"
@@ -83,17 +69,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sim = sub.add_parser("simulate", help="waste and concurrency of contiguous vs paged allocation on a trace",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sim.add_argument("--trace", metavar="FILE.jsonl", default=None, help="the request trace (default: synthetic)")
-    sim.add_argument("--requests", type=_finite(RANGES["requests"]), default=None,
+    sim.add_argument("--requests", type=number_arg(RANGES["requests"]), default=None,
                      help=f"synthetic trace: number of requests (default {DEFAULTS['requests']})")
-    sim.add_argument("--seed", type=_finite(RANGES["seed"]), default=None,
+    sim.add_argument("--seed", type=number_arg(RANGES["seed"]), default=None,
                      help=f"synthetic trace: random seed (default {DEFAULTS['seed']})")
-    sim.add_argument("--arrival-rate", type=_finite(RANGES["arrival_rate"]), default=None,
+    sim.add_argument("--arrival-rate", type=number_arg(RANGES["arrival_rate"]), default=None,
                      help=f"synthetic trace: requests arriving per step, Poisson (default {DEFAULTS['arrival_rate']})")
     sim.add_argument("--block-sizes", type=_block_sizes, default=DEFAULT_BLOCK_SIZES, metavar="N,N,...",
                      help="paged block sizes to compare (default " + ",".join(map(str, DEFAULT_BLOCK_SIZES)) + ")")
-    sim.add_argument("--max-model-len", type=_finite(RANGES["max_model_len"]), default=2048,
+    sim.add_argument("--max-model-len", type=number_arg(RANGES["max_model_len"]), default=2048,
                      help="longest sequence; what contiguous allocation reserves per request (default 2048)")
-    sim.add_argument("--cache-tokens", type=_finite(RANGES["cache_tokens"]), default=None,
+    sim.add_argument("--cache-tokens", type=number_arg(RANGES["cache_tokens"]), default=None,
                      help="KV-cache size in token slots (default 16 x --max-model-len)")
     sim.add_argument("--no-prefix-sharing", dest="prefix_sharing", action="store_false",
                      help="leave out the 'paged b=16 +prefix' row")

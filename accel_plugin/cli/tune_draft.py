@@ -91,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens drafted per step in the acceptance report (default 5)")
     parser.add_argument("--checkpoint-every", type=number_arg(ranges["checkpoint_every"]), default=50,
                         help="steps between checkpoints (default 50)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the held-out split and the batches (default 0)")
+    parser.add_argument("--seed", type=number_arg(ranges["seed"]), default=0, help="seed of the held-out split and the batches (default 0)")
     parser.add_argument("--threads", type=number_arg(ranges["threads"]), default=None,
                         help="torch CPU threads (default: torch's)")
     parser.add_argument("--save-dtype", choices=choices["save_dtype"], default="auto",

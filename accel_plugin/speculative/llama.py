@@ -15,13 +15,17 @@ then returns logits over that subset, and :meth:`LlamaDraftModel.greedy` maps th
 argmax back to token ids.
 
 KV cache: one tensor per layer and K/V, ``[num_slots, num_kv_heads, capacity,
-head_dim]``; a request owns one slot (:meth:`LlamaDraftModel.alloc_slot`).
-Both ``num_slots`` and ``capacity`` grow by doubling when needed, so memory is
-bounded by the live requests' longest context.
+head_dim]``; a request owns one slot (:meth:`LlamaDraftModel.alloc_slot`), given
+back with :meth:`LlamaDraftModel.free_slot` when it finishes. ``num_slots`` and
+``capacity`` grow by doubling when needed and shrink when freeing leaves them at
+most a quarter used, so memory follows the live slots and their longest cached
+context (the bound is in docs/speculative.md, "Draft memory");
+:attr:`LlamaDraftModel.kv_bytes` says what it holds now.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 from pathlib import Path
 
@@ -65,6 +69,11 @@ def _rope_tables(model_dir: Path, cfg: dict, head_dim: int, length: int) -> tupl
     freqs = positions[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos() * scaling, emb.sin() * scaling
+
+
+def _next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(0, n - 1).bit_length()
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -111,8 +120,14 @@ class LlamaDraftModel:
         self._num_slots = 0
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
-        self._free_slots: list[int] = []
-        self._grow(slots=initial_slots, capacity=min(max_len, 128))
+        self._free_rows: list[int] = []  # rows of the cache tensors no request holds
+        self._free_handles: list[int] = []  # a heap: the lowest free handle is reused first
+        self._num_handles = 0
+        self._live_rows: dict[int, int] = {}  # slot handle -> row
+        self._used = torch.zeros(0, dtype=torch.long, device=self.device)  # per row: positions cached
+        self._row_of = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._min_slots, self._min_capacity = max(1, initial_slots), min(max_len, 128)
+        self._grow(slots=self._min_slots, capacity=self._min_capacity)
 
     # ---------------------------------------------------------------- weights
 
@@ -191,40 +206,117 @@ class LlamaDraftModel:
         return best if self.head_vocab is None else self.head_vocab[best]
 
     # --------------------------------------------------------------- KV slots
+    #
+    # A request's slot is a handle; ``_row_of[handle]`` is its row in the cache
+    # tensors, so that shrinking can compact the live rows without the holders of
+    # handles noticing. Growth doubles (rows when none is free, positions when a
+    # forward needs more); shrinking happens when a slot is freed and the live
+    # slots use at most a quarter of the rows, or their longest cached context at
+    # most a quarter of the positions: both go down to the next power of two at or
+    # above the need (never below the initial size). A shrink leaves the cache at
+    # least half used and a grow needs twice that, so the two cannot alternate.
 
     def _grow(self, *, slots: int | None = None, capacity: int | None = None) -> None:
         new_slots = max(slots or 0, self._num_slots)
         new_cap = min(max(capacity or 0, self._capacity), self.max_len)
         if new_slots == self._num_slots and new_cap == self._capacity:
             return
+        self._resize(new_slots, new_cap)
+
+    def _resize(self, new_slots: int, new_cap: int) -> None:
+        """Reallocate every layer's K/V as ``[new_slots, Hkv, new_cap, D]``; live rows
+        move to rows ``0..live-1`` (in handle order), keeping ``min(used, new_cap)``
+        positions (callers never cut below a live row's used length)."""
+        live = sorted(self._live_rows.items())
+        old_rows = torch.tensor([row for _, row in live], dtype=torch.long, device=self.device)
+        keep = min(self._capacity, new_cap)
         shape = (new_slots, self.num_kv_heads, new_cap, self.head_dim)
         for caches in (self.k_cache, self.v_cache):
             for layer in range(self.num_layers):
                 # zeros, not empty: padded queries may read past a row's length
                 fresh = torch.zeros(shape, dtype=self.dtype, device=self.device)
                 if layer < len(caches):
-                    old = caches[layer]
-                    fresh[: old.shape[0], :, : old.shape[2]] = old
+                    if live:
+                        fresh[: len(live), :, :keep] = caches[layer][:, :, :keep].index_select(0, old_rows)
                     caches[layer] = fresh
                 else:
                     caches.append(fresh)
-        self._free_slots.extend(range(new_slots - 1, self._num_slots - 1, -1))
+        used = torch.zeros(new_slots, dtype=torch.long, device=self.device)
+        if live:
+            used[: len(live)] = self._used.index_select(0, old_rows)
+        self._used = used
+        for new_row, (handle, _) in enumerate(live):
+            self._live_rows[handle] = new_row
+        self._free_rows = list(range(new_slots - 1, len(live) - 1, -1))  # pop() takes the lowest
         self._num_slots, self._capacity = new_slots, new_cap
+        self._sync_rows()
+
+    def _sync_rows(self) -> None:
+        """Rebuild the device table handle -> row (free handles point at row 0)."""
+        table = [0] * self._num_handles
+        for handle, row in self._live_rows.items():
+            table[handle] = row
+        self._row_of = torch.tensor(table or [0], dtype=torch.long, device=self.device)
 
     def alloc_slot(self) -> int:
-        if not self._free_slots:
+        """A free slot handle for a new request (grows the rows by doubling if none is free)."""
+        if not self._free_rows:
             self._grow(slots=max(1, 2 * self._num_slots))
-        return self._free_slots.pop()
+        row = self._free_rows.pop()
+        if self._free_handles:
+            handle = heapq.heappop(self._free_handles)
+        else:
+            handle, self._num_handles = self._num_handles, self._num_handles + 1
+        self._live_rows[handle] = row
+        self._used[row] = 0
+        self._sync_rows()
+        return handle
 
     def free_slot(self, slot: int) -> None:
-        self._free_slots.append(slot)
+        """Give a request's slot back; shrinks the cache when it is mostly unused."""
+        row = self._live_rows.pop(slot, None)
+        if row is None:
+            return  # freed twice, or never allocated: nothing to give back
+        self._used[row] = 0
+        self._free_rows.append(row)
+        heapq.heappush(self._free_handles, slot)
+        self._maybe_shrink()
+        self._sync_rows()
+
+    def _maybe_shrink(self) -> None:
+        live = len(self._live_rows)
+        longest = int(self._used.max()) if live else 0
+        new_slots, new_cap = self._num_slots, self._capacity
+        if 4 * live <= self._num_slots:
+            new_slots = max(self._min_slots, _next_pow2(live))
+        if 4 * longest <= self._capacity:
+            new_cap = min(self.max_len, max(self._min_capacity, _next_pow2(longest)))
+        if new_slots < self._num_slots or new_cap < self._capacity:
+            self._resize(min(new_slots, self._num_slots), min(new_cap, self._capacity))
 
     @property
     def num_free_slots(self) -> int:
-        return len(self._free_slots)
+        return len(self._free_rows)
+
+    @property
+    def num_slots(self) -> int:
+        """Rows of the KV cache (live + free)."""
+        return self._num_slots
+
+    @property
+    def capacity(self) -> int:
+        """Positions per row of the KV cache."""
+        return self._capacity
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes the draft KV cache holds now (K and V, every layer); O(1)."""
+        itemsize = torch.empty(0, dtype=self.dtype).element_size()
+        return (2 * self.num_layers * self._num_slots * self.num_kv_heads * self._capacity
+                * self.head_dim * itemsize)
 
     def cache_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k_cache + self.v_cache)
+        return self.kv_bytes
 
     # ---------------------------------------------------------------- forward
 
@@ -257,6 +349,8 @@ class LlamaDraftModel:
             raise DraftModelError(f"context of {kv_len} tokens exceeds the draft engine's max_len {self.max_len}")
         if kv_len > self._capacity:
             self._grow(capacity=max(kv_len, 2 * self._capacity))
+        slots = self._row_of[slots]  # handles -> rows (after any growth: it may move rows)
+        self._used[slots] = start + q_lens  # what lies beyond is stale: rewound drafts
         if T == 1:
             w_slot, w_pos, w_b, w_t = slots, start, torch.arange(B, device=device), None
         else:

@@ -150,6 +150,11 @@ class DomainProposer:
     def num_states(self) -> int:
         return len(self._states)
 
+    @property
+    def draft_kv_bytes(self) -> int:
+        """Bytes held by the draft models' KV caches now (every loaded draft); cheap."""
+        return sum(model.kv_bytes for model in self.engine.models.values())
+
     # ----------------------------------------------------------------- propose
 
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens: np.ndarray,

@@ -77,9 +77,10 @@ class TuneSettings:
         "lr": Range(float, 0.0, 1.0, low_open=True),
         "gen_tokens": Range(int, 1, 1024),
         "gen_batch_size": Range(int, 1, 1024),
-        "holdout": Range(float, 0.0, low_open=True),
+        "holdout": Range(float, 0.0, low_open=True, whole_from=1),
         "k": Range(int, 1, 16),
         "checkpoint_every": Range(int, 1),
+        "seed": Range(int, 0),
         "threads": Range(int, 1, optional=True),
     }
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -98,8 +99,6 @@ class TuneSettings:
                     isinstance(i, int) and not isinstance(i, bool) for i in layers):
                 raise TuningError(f"--from-target-layers: expected distinct layer indices; got {layers!r}")
             object.__setattr__(self, "from_target_layers", layers)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise TuningError(f"--seed: expected int; got {self.seed!r}")
 
 
 @dataclass(frozen=True)
