@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -116,6 +117,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_SAMPLE = re.compile(r'^(accel_[a-z_]+)\{([^}]*)\} (\S+)$')
+
+
+class MetricSamples(dict):
+    """accel's samples of one ``/metrics`` scrape: ``{name: [(labels, value), ...]}``;
+    ``text``: the whole page (vLLM's metrics included)."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+        for line in text.splitlines():
+            match = _SAMPLE.match(line)
+            if match:
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
+                self.setdefault(match.group(1), []).append((labels, float(match.group(3))))
+
+    def one(self, name: str, **labels: str) -> float:
+        """The value of the one sample of ``name`` whose labels include ``labels``."""
+        found = [v for lab, v in self.get(name, []) if all(lab.get(k) == w for k, w in labels.items())]
+        assert len(found) == 1, f"{name}{labels}: {found} in\n{self.text[-3000:]}"
+        return found[0]
+
+
 class VllmServer:
     """A `vllm serve` started by the ``vllm_server`` fixture (scripts/vllm_serve.py).
 
@@ -133,6 +157,11 @@ class VllmServer:
 
     def log(self) -> str:
         return self.log_path.read_text()
+
+    def scrape(self) -> MetricSamples:
+        """Its ``/metrics`` now."""
+        with urllib.request.urlopen(self.base + "/metrics", timeout=30) as response:
+            return MetricSamples(response.read().decode())
 
     def wait_healthy(self, timeout: float = SERVE_START_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout

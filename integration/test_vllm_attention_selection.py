@@ -29,11 +29,19 @@ def registered():
     assert "ACCEL_ATTENTION_BACKEND" not in os.environ or not os.environ["ACCEL_ATTENTION_BACKEND"]
     from accel_plugin.adapters.vllm import register
 
+    # register() exports the metrics directory it makes to this process's children
+    # (ACCEL_METRICS_DIR); servers that later tests start must not share it
+    saved = os.environ.get("ACCEL_METRICS_DIR")
     register()
     register()  # idempotent
     from accel_plugin.adapters.vllm import _REGISTERED
 
     assert _REGISTERED
+    yield
+    if saved is None:
+        os.environ.pop("ACCEL_METRICS_DIR", None)
+    else:
+        os.environ["ACCEL_METRICS_DIR"] = saved
 
 
 @pytest.fixture

@@ -24,7 +24,6 @@ import random
 import re
 import textwrap
 import threading
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -38,38 +37,18 @@ BLOCK_SIZE = 16
 #: (prompt_len, max_tokens); the last request outlives the others by far, so the last
 #: step holds it alone
 REQUESTS = [(1, 4), (17, 4), (31, 4), (40, 4), (63, 4), (90, 16)]
-SAMPLE = re.compile(r'^(accel_[a-z_]+)\{([^}]*)\} (\S+)$')
-
-
-def scrape(base: str) -> dict[str, list[tuple[dict, float]]]:
-    """accel samples of ``/metrics``: ``{name: [(labels, value), ...]}`` (plus vLLM's names)."""
-    with urllib.request.urlopen(base + "/metrics", timeout=30) as response:
-        text = response.read().decode()
-    out: dict[str, list] = {"_text": text}
-    for line in text.splitlines():
-        match = SAMPLE.match(line)
-        if match:
-            labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
-            out.setdefault(match.group(1), []).append((labels, float(match.group(3))))
-    return out
-
-
-def one(samples, name, **labels) -> float:
-    found = [v for lab, v in samples.get(name, []) if all(lab.get(k) == w for k, w in labels.items())]
-    assert len(found) == 1, f"{name}{labels}: {found} in\n{samples['_text'][-3000:]}"
-    return found[0]
 
 
 def check_consistent(samples) -> int:
     """The KV gauges of one scrape agree with each other; returns the step's sequences."""
-    used = one(samples, "accel_kv_used_slots")
-    allocated = one(samples, "accel_kv_allocated_slots")
-    blocks = one(samples, "accel_kv_blocks")
+    used = samples.one("accel_kv_used_slots")
+    allocated = samples.one("accel_kv_allocated_slots")
+    blocks = samples.one("accel_kv_blocks")
     assert allocated == blocks * BLOCK_SIZE
-    assert one(samples, "accel_kv_internal_slots") == allocated - used >= 0
-    seqs = one(samples, "accel_kv_seqs")
+    assert samples.one("accel_kv_internal_slots") == allocated - used >= 0
+    seqs = samples.one("accel_kv_seqs")
     assert allocated - used < BLOCK_SIZE * max(seqs, 1)
-    assert one(samples, "accel_kv_internal_fragmentation_percent") == pytest.approx(
+    assert samples.one("accel_kv_internal_fragmentation_percent") == pytest.approx(
         100 * (allocated - used) / allocated if allocated else 0.0)
     return int(seqs)
 
@@ -110,14 +89,14 @@ def test_kv_metrics_match_the_requests_and_the_simulator(tiny_model_dir, vllm_se
     )
     rng = random.Random(3)
     prompts = [[rng.randrange(3, 380) for _ in range(p)] for p, _ in REQUESTS]
-    before = scrape(server.base)
+    before = server.scrape()
     assert "accel_kv_used_slots" not in before, "no step ran yet"
 
     scrapes, done = [], threading.Event()
 
     def poll():
         while not done.is_set():
-            scrapes.append(scrape(server.base))
+            scrapes.append(server.scrape())
             done.wait(0.2)
 
     def complete(i):
@@ -139,16 +118,16 @@ def test_kv_metrics_match_the_requests_and_the_simulator(tiny_model_dir, vllm_se
     running = [check_consistent(s) for s in scrapes if "accel_kv_used_slots" in s]
     assert running and max(running) > 1, f"no scrape saw a batch of several requests: {running}"
 
-    final = scrape(server.base)
+    final = server.scrape()
     labels = {"kv_cache_group": "full", "block_size": str(BLOCK_SIZE), "engine": "0", "model_name": str(model_dir)}
     check_consistent(final)
     # the last step: the longest request alone, with prompt + max_tokens - 1 tokens
     prompt_len, max_tokens = REQUESTS[-1]
     last = paged_usage([prompt_len + max_tokens - 1], BLOCK_SIZE)
-    assert one(final, "accel_kv_seqs", **labels) == 1
-    assert one(final, "accel_kv_used_slots", **labels) == last.used
-    assert one(final, "accel_kv_blocks", **labels) == last.blocks == math.ceil(last.used / BLOCK_SIZE)
-    assert one(final, "accel_kv_allocated_slots", **labels) == last.allocated
+    assert final.one("accel_kv_seqs", **labels) == 1
+    assert final.one("accel_kv_used_slots", **labels) == last.used
+    assert final.one("accel_kv_blocks", **labels) == last.blocks == math.ceil(last.used / BLOCK_SIZE)
+    assert final.one("accel_kv_allocated_slots", **labels) == last.allocated
 
     # over the whole run: sums over steps, as the requests imply and as the simulator counts
     implied_used = sum(p + t for p, m in REQUESTS for t in range(m))
@@ -156,12 +135,12 @@ def test_kv_metrics_match_the_requests_and_the_simulator(tiny_model_dir, vllm_se
     trace = [Request(arrival=0, prompt_len=p, output_len=m) for p, m in REQUESTS]
     totals = simulate(trace, PagedAllocator(1 << 16, BLOCK_SIZE)).totals
     assert (totals.used, totals.allocated) == (implied_used, implied_allocated)
-    assert one(final, "accel_kv_used_slot_steps_total", **labels) == implied_used
-    assert one(final, "accel_kv_allocated_slot_steps_total", **labels) == implied_allocated
-    assert one(final, "accel_kv_steps_total", **labels) >= max(m for _, m in REQUESTS)
+    assert final.one("accel_kv_used_slot_steps_total", **labels) == implied_used
+    assert final.one("accel_kv_allocated_slot_steps_total", **labels) == implied_allocated
+    assert final.one("accel_kv_steps_total", **labels) >= max(m for _, m in REQUESTS)
 
     # vLLM's own metrics are still served next to ours
-    assert "vllm:num_requests_running" in final["_text"]
+    assert "vllm:num_requests_running" in final.text
     server.stop()
     log = server.log()
     assert re.search(r"accel KV: \d+ seqs, [\d,]+ slots used / [\d,]+ allocated \([\d.]+% internal\), "
@@ -211,26 +190,26 @@ def test_speculation_metrics_equal_the_proposers_stats(tiny_model_dir, vllm_serv
         list(pool.map(complete, SUPPORT + OTHER))
 
     stats = server.post("/collective_rpc", {"method": "accel_speculation_stats"})["results"][0]
-    samples = scrape(server.base)
+    samples = server.scrape()
     assert set(stats) == {"support", "default"}
     assert stats["support"]["drafted"] > 0 and stats["support"]["accepted"] > 0
     for domain, s in stats.items():
         labels = {"domain": domain, "engine": "0", "model_name": str(target)}
-        assert one(samples, "accel_spec_drafted_tokens_total", **labels) == s["drafted"]
-        assert one(samples, "accel_spec_accepted_tokens_total", **labels) == s["accepted"]
-        assert one(samples, "accel_spec_draft_steps_total", **labels) == s["steps"]
-        assert one(samples, "accel_spec_k", **labels) == s["k"]
-        assert one(samples, "accel_spec_state", state=s["state"], **labels) == 1
-        assert one(samples, "accel_spec_acceptance_rate", **labels) == pytest.approx(s["acceptance_rate"])
-        assert one(samples, "accel_spec_mean_acceptance_length", **labels) == pytest.approx(
+        assert samples.one("accel_spec_drafted_tokens_total", **labels) == s["drafted"]
+        assert samples.one("accel_spec_accepted_tokens_total", **labels) == s["accepted"]
+        assert samples.one("accel_spec_draft_steps_total", **labels) == s["steps"]
+        assert samples.one("accel_spec_k", **labels) == s["k"]
+        assert samples.one("accel_spec_state", state=s["state"], **labels) == 1
+        assert samples.one("accel_spec_acceptance_rate", **labels) == pytest.approx(s["acceptance_rate"])
+        assert samples.one("accel_spec_mean_acceptance_length", **labels) == pytest.approx(
             s["mean_acceptance_length"])
     # the identical draft is (nearly) always accepted, the random one (nearly) never
-    assert one(samples, "accel_spec_acceptance_rate", domain="support") > 0.9
-    steps = one(samples, "accel_spec_propose_steps_total")
-    seconds = one(samples, "accel_spec_propose_seconds_total")
+    assert samples.one("accel_spec_acceptance_rate", domain="support") > 0.9
+    steps = samples.one("accel_spec_propose_steps_total")
+    seconds = samples.one("accel_spec_propose_seconds_total")
     assert steps > 0 and seconds > 0
     assert 1e3 * seconds / steps == pytest.approx(stats["support"]["propose_ms_per_step"])
-    assert "vllm:spec_decode_num_draft_tokens_total" in samples["_text"]
+    assert "vllm:spec_decode_num_draft_tokens_total" in samples.text
     assert sorted(p.name.split("_accel-")[0] for p in prometheus_dir.glob("*_accel-*.db")) == [
         "counter", "gauge_mostrecent"]
     assert re.search(r"speculation: support a=(n/a|[\d.]+) k=\d \w+", server.log())
