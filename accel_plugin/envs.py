@@ -109,15 +109,24 @@ def draft_config_path(environ: Mapping[str, str] | None = None) -> str | None:
     return raw.strip()
 
 
+def _directory(name: str, raw: str | None, expand: bool = False) -> str | None:
+    """A directory path setting: ``None`` when unset or empty; a path to something that
+    exists but is not a directory is refused (a directory that does not exist yet is
+    made by whoever uses it)."""
+    if raw is None or raw.strip() == "":
+        return None
+    value = os.path.expanduser(raw.strip()) if expand else raw.strip()
+    if os.path.exists(os.path.expanduser(value)) and not os.path.isdir(os.path.expanduser(value)):
+        raise EnvVarError(name, raw, "a directory path (it may not exist yet); this one is a file")
+    return value
+
+
 def models_dir(environ: Mapping[str, str] | None = None) -> str | None:
     """ACCEL_MODELS_DIR: the cache of ``accel models get``; ``None`` when unset or empty.
 
     The default location is chosen by :func:`accel_plugin.model_store.models_dir`.
     """
-    raw = _env(environ).get(ACCEL_MODELS_DIR)
-    if raw is None or raw.strip() == "":
-        return None
-    return raw.strip()
+    return _directory(ACCEL_MODELS_DIR, _env(environ).get(ACCEL_MODELS_DIR))
 
 
 def plugin_allowlist(environ: Mapping[str, str] | None = None) -> frozenset[str] | None:
@@ -169,10 +178,7 @@ def metrics_log_interval(environ: Mapping[str, str] | None = None) -> float:
 def metrics_dir(environ: Mapping[str, str] | None = None) -> str | None:
     """ACCEL_METRICS_DIR: the directory of the metric files; ``None`` when unset or empty
     (accel_plugin.metrics then makes one)."""
-    raw = _env(environ).get(ACCEL_METRICS_DIR)
-    if raw is None or raw.strip() == "":
-        return None
-    return os.path.expanduser(raw.strip())
+    return _directory(ACCEL_METRICS_DIR, _env(environ).get(ACCEL_METRICS_DIR), expand=True)
 
 
 def check_all(environ: Mapping[str, str] | None = None) -> list[EnvVarError]:

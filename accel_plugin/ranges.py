@@ -52,14 +52,14 @@ class Range:
 
     def __contains__(self, value: object) -> bool:
         """Whether ``value`` is of the right kind and within the bounds (never nan)."""
-        if not self._of_kind(value) or value != value:  # nan compares unequal to itself
+        if not self._of_kind(value):
             return False
-        if math.isinf(value) and not self.allow_inf:
+        if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and not self.allow_inf)):
             return False
         too_low = value <= self.low if self.low_open else value < self.low
         if too_low or (self.high is not None and value > self.high):
             return False
-        return self.whole_from is None or value < self.whole_from or float(value).is_integer()
+        return self.whole_from is None or value < self.whole_from or isinstance(value, int) or value.is_integer()
 
     def problem(self, value: object) -> str | None:
         """Why ``value`` is not valid (naming the valid values); ``None`` when it is."""

@@ -67,3 +67,14 @@ def test_metrics_log_interval_and_dir():
     assert envs.metrics_log_interval({envs.ACCEL_METRICS_LOG_INTERVAL: " 2.5 "}) == 2.5
     assert envs.metrics_dir({}) is None
     assert envs.metrics_dir({envs.ACCEL_METRICS_DIR: " /tmp/m "}) == "/tmp/m"
+
+
+@pytest.mark.parametrize("getter, name", [(envs.models_dir, envs.ACCEL_MODELS_DIR),
+                                          (envs.metrics_dir, envs.ACCEL_METRICS_DIR)])
+def test_directory_settings_refuse_a_file_and_take_a_missing_directory(tmp_path, getter, name):
+    a_file = tmp_path / "f"
+    a_file.write_text("")
+    with pytest.raises(envs.EnvVarError, match="valid values: a directory path .*this one is a file"):
+        getter({name: str(a_file)})
+    assert getter({name: str(tmp_path / "not-yet")}) == str(tmp_path / "not-yet")
+    assert getter({name: str(tmp_path)}) == str(tmp_path) and getter({name: " "}) is None

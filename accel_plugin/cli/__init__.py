@@ -10,6 +10,7 @@ import argparse
 import importlib
 import logging
 import sys
+from pathlib import Path
 
 __all__ = ["main"]
 
@@ -93,6 +94,43 @@ def number_arg(valid, what: str = ""):
         return value
 
     return parse
+
+
+def output_file_arg(suffix: str, convert=str):
+    """argparse type: a file to write, named ``*suffix``, not a directory, whose nearest
+    existing ancestor is a directory (the command makes the missing ones); checked when
+    the flag is parsed, so a bad path fails before the work, not after it. Returns
+    ``convert(text)``."""
+    def parse(text: str):
+        path = Path(text).expanduser().absolute()
+        parent = path.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if path.suffix.lower() != suffix or path.is_dir() or not parent.is_dir():
+            raise argparse.ArgumentTypeError(f"expected a {suffix} file name whose directory exists or can be made; got {text!r}")
+        return convert(text)
+
+    return parse
+
+
+def input_file_arg(suffix: str):
+    """argparse type: an existing file named ``*suffix`` (checked when parsed)."""
+    def parse(text: str) -> str:
+        path = Path(text).expanduser()
+        if path.suffix.lower() != suffix or not path.is_file():
+            raise argparse.ArgumentTypeError(f"expected an existing {suffix} file; got {text!r}")
+        return text
+
+    return parse
+
+
+def directory_arg(text: str) -> str:
+    """argparse type: a directory path; one that does not exist yet is made by the
+    command, one that exists must be a directory."""
+    path = Path(text).expanduser()
+    if not text.strip() or (path.exists() and not path.is_dir()):
+        raise argparse.ArgumentTypeError(f"expected a directory path (it may not exist yet); got {text!r}")
+    return text
 
 
 def run_command(name: str, argv: list[str] | None = None) -> int:

@@ -24,7 +24,7 @@ import sys
 
 from ..tuning import TuningError
 from ..tuning.settings import BenchSettings
-from . import number_arg
+from . import number_arg, output_file_arg
 
 __all__ = ["add_arguments", "main", "run", "settings_from_args"]
 
@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="target step time in ms measured elsewhere (e.g. in vLLM); default: measured here")
     acc.add_argument("--threads", type=number_arg(ranges["threads"]), default=None,
                      help="torch CPU threads (default: torch's)")
-    acc.add_argument("--plot", metavar="PNG", default=None, help="write speedup vs k per domain to this PNG")
+    acc.add_argument("--plot", metavar="PNG", type=output_file_arg(".png"), default=None, help="write speedup vs k per domain to this PNG")
     acc.add_argument("--json", action="store_true", help="print JSON instead of the table")
     acc.set_defaults(_bench=_acceptance)
 

@@ -26,25 +26,9 @@ from pathlib import Path
 
 from ..demo.family import default_models_dir
 from ..demo.plan import DemoSettings
-from . import doctor
+from . import doctor, number_arg, output_file_arg
 
 __all__ = ["add_arguments", "run", "settings_from_args"]
-
-
-def _int_range(name: str):
-    """argparse type: an integer within ``DemoSettings.RANGES[name]``."""
-    lo, hi = DemoSettings.RANGES[name].low, DemoSettings.RANGES[name].high
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer from {lo} to {hi}; got {text!r}") from None
-        if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"must be an integer from {lo} to {hi}; got {value}")
-        return value
-
-    return parse
 
 
 def _span(name: str) -> str:
@@ -52,12 +36,12 @@ def _span(name: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-tokens", type=_int_range("max_tokens"), default=64,
+    parser.add_argument("--max-tokens", type=number_arg(DemoSettings.RANGES["max_tokens"]), default=64,
                         help=f"most tokens generated per prompt, {_span('max_tokens')} (default: %(default)s)")
-    parser.add_argument("--batch1-prompts", type=_int_range("batch1_prompts"), default=2,
+    parser.add_argument("--batch1-prompts", type=number_arg(DemoSettings.RANGES["batch1_prompts"]), default=2,
                         help="prompts per domain run one at a time for the batch-1 figure, "
                              f"{_span('batch1_prompts')} (default: %(default)s)")
-    parser.add_argument("--repeats", type=_int_range("repeats"), default=3,
+    parser.add_argument("--repeats", type=number_arg(DemoSettings.RANGES["repeats"]), default=3,
                         help="rounds of timed generates; in each, every prompt set runs on every engine back to "
                              "back. tok/s are the median round, ratios the median of the rounds' paired ratios "
                              f"(the machine may be shared), {_span('repeats')} (default: %(default)s)")
@@ -74,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", type=Path, default=default_models_dir(),
                         help="the demo model family: demo_models/smollm2 (real model) or demo_models (toy) "
                              "(default: %(default)s)")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write every number to this JSON file")
+    parser.add_argument("--json", type=output_file_arg(".json", Path), metavar="PATH", help="also write every number to this JSON file")
 
 
 def settings_from_args(args: argparse.Namespace) -> DemoSettings:

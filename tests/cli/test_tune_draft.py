@@ -173,7 +173,7 @@ def test_tuning_raises_held_out_acceptance_and_lowers_the_loss(models, tmp_path,
     ("steps-negative", "argument --steps: must be >= 0; got '-1'"),
     ("lr-negative", "argument --lr: must be > 0.0 and <= 1.0"),
     ("k-too-big", "argument --k: must be >= 1 and <= 16"),
-    ("steps-word", "argument --steps: expected int; got 'many'"),
+    ("steps-word", "argument --steps: expected an integer >= 0; got 'many'"),
     ("loss-unknown", "argument --loss: invalid choice: 'mse'"),
     ("holdout-all", "--holdout: 10.0 leaves no prompts"),
 ])

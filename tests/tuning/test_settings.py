@@ -19,8 +19,23 @@ def test_range_bounds_kinds_and_text():
     lr = Range(float, 0.0, 1.0, low_open=True)
     assert 1 in lr and 0.5 in lr and 0.0 not in lr
     assert str(k) == ">= 1 and <= 16" and str(lr) == "> 0.0 and <= 1.0" and str(Range(int, 0)) == ">= 0"
-    assert k.problem(None) == "expected int; got None" and Range(int, 1, optional=True).problem(None) is None
-    assert k.problem(17) == "must be >= 1 and <= 16; got 17" and k.problem("3") == "expected int; got '3'"
+    assert k.problem(None) == "expected an integer >= 1 and <= 16; got None"
+    assert Range(int, 1, optional=True).problem(None) is None
+    assert k.problem(17) == "must be >= 1 and <= 16; got 17" and k.problem("3") == "expected an integer >= 1 and <= 16; got '3'"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_range_refuses_nan_and_infinity(value):
+    """nan compares as inside any bounds and inf passes a range without ``high``: both refused."""
+    assert value not in Range(float, 0.0) and value not in Range(float, 0.0, 1.0)
+    assert Range(float, 0.0).problem(value) == f"must be >= 0.0; got {value!r}"
+
+
+def test_range_allows_infinity_only_when_asked_and_whole_numbers_from():
+    assert float("inf") in Range(float, 0.0, allow_inf=True) and float("nan") not in Range(float, 0.0, allow_inf=True)
+    holdout = Range(float, 0.0, low_open=True, whole_from=1)
+    assert 0.5 in holdout and 1 in holdout and 2.0 in holdout and 2.7 not in holdout
+    assert holdout.problem(2.7) == "must be > 0.0, a whole number when >= 1; got 2.7"
 
 
 def test_tune_settings_defaults_are_the_flags_defaults():
@@ -41,13 +56,15 @@ def test_bench_settings_defaults_are_the_flags_defaults():
     ({"steps": -1}, "--steps: must be >= 0; got -1"),
     ({"lr": 0.0}, "--lr: must be > 0.0 and <= 1.0; got 0.0"),
     ({"k": 17}, "--k: must be >= 1 and <= 16; got 17"),
-    ({"batch_size": "8"}, "--batch-size: expected int; got '8'"),
+    ({"batch_size": "8"}, "--batch-size: expected an integer >= 1; got '8'"),
     ({"loss": "mse"}, "--loss: must be one of kl, nll; got 'mse'"),
     ({"save_dtype": "float16"}, "--save-dtype: must be one of auto, float32, bfloat16"),
     ({"draft": None}, "give one of --draft and --from-target-layers"),
     ({"from_target_layers": [0, 1]}, "give one of --draft and --from-target-layers"),
     ({"draft": None, "from_target_layers": [1, 1]}, "--from-target-layers: expected distinct layer indices"),
-    ({"seed": 1.5}, "--seed: expected int; got 1.5"),
+    ({"seed": 1.5}, "--seed: expected an integer >= 0; got 1.5"),
+    ({"holdout": 2.7}, "--holdout: must be > 0.0, a whole number when >= 1; got 2.7"),
+    ({"lr": float("nan")}, "--lr: must be > 0.0 and <= 1.0; got nan"),
 ])
 def test_tune_settings_name_the_flag_and_the_valid_values(change, needle):
     with pytest.raises(TuningError) as exc:
