@@ -9,7 +9,9 @@ its tolerance and time, and says which row of the compatibility matrix this
 environment matches and whether it was tested (accel_plugin/selftest.py).
 
 Exit status: 0 when the configuration is usable, 1 when an environment variable is
-invalid, a plugin cannot be loaded or a self-test case fails.
+invalid, the requested attention backend is refused on this machine, the draft YAML
+does not load, a plugin cannot be loaded or a self-test case fails (the report's
+Errors section says why: what a framework adapter would stop start-up with).
 """
 
 from __future__ import annotations
@@ -183,6 +185,9 @@ def collect(environ=None) -> dict[str, Any]:
             "reasons": list(selection.reasons),
             "summary": selection.describe(),
         }
+        if selection.refused:  # a framework adapter would refuse to start with it
+            report["errors"].append(f"{selection.describe()}; unset {envs.ACCEL_ATTENTION_BACKEND} to keep the "
+                                    "framework's own attention backend")
     return report
 
 

@@ -21,13 +21,21 @@ proposer reuse them. It asks them what to install for ``vllm``
 It also prepares the live metrics (:mod:`.metrics`): ``register()`` runs in the API
 server before vLLM starts its engine core, so the metric files' directory it sets up
 there reaches the worker, and ``/metrics`` serves what the worker records.
+
+A wrong accel setting stops vLLM's start-up, as vLLM's own bad settings do: vLLM
+calls ``register()`` without catching what it raises, so :class:`AccelStartupError`
+ends ``vllm serve`` and ``LLM(...)`` with a message naming the variable, the value
+and the valid values. Nothing asked of accel-plugin is silently dropped: a refused
+``ACCEL_ATTENTION_BACKEND`` and an internal failure while installing what a setting
+asks for stop start-up too. Only when no accel setting is set does a failure leave
+vLLM as it would be without the plugin, with a warning.
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["DomainDraftProposer", "SpeculationStatsExtension", "register"]
+__all__ = ["AccelStartupError", "DomainDraftProposer", "SpeculationStatsExtension", "register"]
 
 #: Names re-exported lazily from .proposer, so that vLLM's
 #: speculative_config={"model": "accel_plugin.adapters.vllm.DomainDraftProposer"}
@@ -45,6 +53,16 @@ def __getattr__(name: str):
 _REGISTERED = False
 #: The name this adapter asks the accel plugins about (``AdapterComponents.framework``).
 FRAMEWORK = "vllm"
+#: What every start-up refusal ends with.
+_WAY_OUT = "vLLM was not started: fix the setting, or unset it to run vLLM without accel-plugin"
+
+
+class AccelStartupError(RuntimeError):
+    """An accel setting cannot be honoured here; raised from :func:`register` so that
+    vLLM does not start with something other than what the user asked for."""
+
+    def __init__(self, problem: str):
+        super().__init__(f"accel-plugin: {problem}. {_WAY_OUT}")
 
 
 def _logger():
@@ -76,8 +94,7 @@ def _env_choice(logger, plugins, installable: list[str]) -> tuple[str | None, st
         allowed=installable,
     )
     if selection.refused:
-        logger.warning("%s; vLLM keeps its own attention backend", selection.describe())
-        return selection.setting, None
+        raise AccelStartupError(f"{selection.describe()} (on {device})")
     return selection.setting, selection.backend
 
 
@@ -101,7 +118,7 @@ def _install(logger, plugins, names: list[str]) -> str:
     setting, backend = _env_choice(logger, plugins, installable)
     _patches.set_env_choice(backend, setting)
     if backend is None:
-        return "ACCEL_ATTENTION_BACKEND unset" if setting is None else f"ACCEL_ATTENTION_BACKEND={setting} refused"
+        return "ACCEL_ATTENTION_BACKEND unset"
     if _compat.platform_ignores_selected_backend(platform_cls):
         _compat.override_cpu_backend(BACKEND_CLASS_PATHS[backend])
     return f"ACCEL_ATTENTION_BACKEND={setting} -> {backend}"
@@ -135,12 +152,44 @@ def _version_supported(logger) -> bool:
     return True
 
 
+def _check_settings(environ=None) -> None:
+    """Raise :class:`AccelStartupError` for the first wrong accel setting, before
+    anything is changed in vLLM: every ``ACCEL_*`` value (:func:`accel_plugin.envs.check_all`,
+    each message names the variable, the value and the valid values) and the draft
+    YAML that ``ACCEL_DRAFT_CONFIG`` names (read and validated as the proposer will)."""
+    from accel_plugin import envs
+
+    errors = envs.check_all(environ)
+    if errors:
+        raise AccelStartupError("; ".join(map(str, errors)))
+    path = envs.draft_config_path(environ)
+    if path is not None:
+        from accel_plugin.config import DraftConfigError, load_draft_config
+
+        try:
+            load_draft_config(path)
+        except DraftConfigError as exc:
+            raise AccelStartupError(f"{envs.ACCEL_DRAFT_CONFIG}={path!r}: {exc}") from None
+
+
+def _asked(environ=None) -> list[str]:
+    """The accel settings that ask this adapter to install something (the version
+    refusal's :func:`_user_selected`, plus a third-party plugin allowlist)."""
+    from accel_plugin import envs
+
+    environ = os.environ if environ is None else environ
+    return _user_selected(environ) + [envs.ACCEL_PLUGINS] * bool(environ.get(envs.ACCEL_PLUGINS))
+
+
 def register() -> None:
     """Entry point of ``vllm.general_plugins``; idempotent.
 
     A vLLM outside the supported range stops start-up when an accel setting is set
-    (:func:`_version_supported`). Any other failure is logged and leaves vLLM's own
-    choices in place.
+    (:func:`_version_supported`). A wrong accel setting always stops it
+    (:func:`_check_settings`), and so does a refused ``ACCEL_ATTENTION_BACKEND``:
+    :class:`AccelStartupError`, which vLLM does not catch. Any other failure undoes
+    what was applied; it stops start-up too when a setting asked for something
+    (:func:`_asked`), and otherwise is logged and leaves vLLM as it is without us.
     """
     global _REGISTERED
     logger = _logger()
@@ -149,6 +198,7 @@ def register() -> None:
         return
     if not _version_supported(logger):
         return
+    _check_settings()
     try:
         from accel_plugin.manager import process_plugins
 
@@ -158,27 +208,58 @@ def register() -> None:
         for note in components.notes:
             logger.debug("accel-plugin: %s", note)
         summary = _install(logger, plugins, components.attention_backends)
-        _REGISTERED = True
         metrics = _setup_metrics(logger)
-        logger.info(
-            "accel-plugin loaded in process %d; attention backends available: %s; %s; metrics: %s",
-            os.getpid(),
-            ", ".join(components.attention_backends) or "(none)",
-            summary,
-            metrics,
-        )
-    except Exception:  # never crash the server because of the plugin
+        if _asked():
+            from . import _compat
+
+            if _compat.carry_settings_to_ray_workers():
+                logger.debug("accel-plugin: %s now lists %s, so that vLLM's Ray workers get the accel settings",
+                             _compat.RAY_PREFIXES_SETTING, _compat.ACCEL_PREFIX)
+    except AccelStartupError:
         _undo(logger)
-        logger.exception("accel-plugin: register() failed; vLLM keeps its own attention backend")
+        raise
+    except Exception as exc:
+        _undo(logger)
+        asked = _asked()
+        if asked:
+            raise AccelStartupError(
+                f"could not install what {', '.join(asked)} asks for: {type(exc).__name__}: {exc}") from exc
+        logger.exception("accel-plugin: register() failed; no accel setting is set, so accel-plugin stays "
+                         "inactive and vLLM runs as it does without it")
+        return
+    _REGISTERED = True
+    logger.info(
+        "accel-plugin loaded in process %d; attention backends available: %s; %s; metrics: %s",
+        os.getpid(),
+        ", ".join(components.attention_backends) or "(none)",
+        summary,
+        metrics,
+    )
 
 
-def _setup_metrics(logger) -> str:
-    """Prepare this process for live metrics; a failure turns metrics off, nothing else."""
+def _setup_metrics(logger, environ=None) -> str:
+    """Prepare this process for live metrics.
+
+    A failure (e.g. an unwritable directory) stops start-up when ``ACCEL_METRICS`` or
+    ``ACCEL_METRICS_DIR`` is set (the user asked for metrics, or for a place); with
+    neither set it turns metrics off with a warning. Wrong values never get here:
+    :func:`_check_settings` refuses them first.
+    """
+    from accel_plugin import envs
+
+    environ = os.environ if environ is None else environ
+    asked = [name for name in (envs.ACCEL_METRICS, envs.ACCEL_METRICS_DIR) if environ.get(name, "").strip()]
     try:
         from .metrics import setup
 
         directory = setup()
-    except Exception as exc:  # noqa: BLE001 - metrics never stop the server
+    except envs.EnvVarError as exc:
+        raise AccelStartupError(str(exc)) from None
+    except Exception as exc:
+        if asked:
+            settings = ", ".join(f"{name}={environ[name]!r}" for name in asked)
+            raise AccelStartupError(f"live metrics could not be set up ({settings}): "
+                                    f"{type(exc).__name__}: {exc}") from exc
         logger.warning("accel-plugin: live metrics are off: %s", exc)
         return "off"
     return "off" if directory is None else f"files in {directory}"

@@ -25,6 +25,9 @@ is the only one to change:
   ``FullAttentionSpec`` (``vllm.v1.kv_cache_interface``; :func:`kv_cache_group_name`);
   the ranks of a worker come from ``vllm.distributed.parallel_state``
   (:func:`is_first_model_rank`).
+* Ray workers do not inherit the driver's environment: vLLM copies the variables
+  whose prefix ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY`` lists (``vllm/ray/ray_env.py``;
+  :func:`carry_settings_to_ray_workers`).
 
 The versions this adapter supports are :data:`SUPPORTED_VERSIONS`, the ones the
 compatibility matrix ran (docs/compatibility.md; a test keeps the two in step).
@@ -254,3 +257,29 @@ def attention_backend_names(vllm_config) -> list[str]:
 
     layers = get_layers_from_vllm_config(vllm_config, Attention)
     return sorted({layer.attn_backend.get_name() for layer in layers.values()})
+
+
+#: vLLM's setting: more name prefixes of the variables its Ray executor copies to workers
+RAY_PREFIXES_SETTING = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
+#: the prefix of every accel-plugin variable (accel_plugin.envs)
+ACCEL_PREFIX = "ACCEL_"
+
+
+def carry_settings_to_ray_workers(environ=None) -> bool:
+    """Make vLLM's Ray executor copy the ``ACCEL_*`` variables to its workers, as the
+    multiprocess executor's children inherit them: add ``ACCEL_`` to
+    :data:`RAY_PREFIXES_SETTING` in ``environ`` (the driver's, before the executor
+    starts). Returns whether it was added (False: already listed, or a vLLM without
+    the setting)."""
+    import os
+
+    import vllm.envs as vllm_envs
+
+    environ = os.environ if environ is None else environ
+    if RAY_PREFIXES_SETTING not in vllm_envs.environment_variables:
+        return False
+    prefixes = [p.strip() for p in environ.get(RAY_PREFIXES_SETTING, "").split(",") if p.strip()]
+    if ACCEL_PREFIX in prefixes:
+        return False
+    environ[RAY_PREFIXES_SETTING] = ",".join([*prefixes, ACCEL_PREFIX])
+    return True

@@ -94,3 +94,23 @@ def test_doctor_reports_the_metrics_settings():
     proc = run_doctor(env_overrides={"ACCEL_METRICS": "maybe"})
     assert proc.returncode == 1
     assert "ACCEL_METRICS='maybe' is not valid; valid values: 1/0, true/false, yes/no, on/off" in proc.stdout
+
+
+@pytest.mark.parametrize("setting", ["flash", "paged", "auto"])
+def test_doctor_fails_when_the_requested_backend_is_refused_here(monkeypatch, capsys, setting):
+    """On a GPU below capability 8.0 every accel backend is refused: a framework adapter
+    would stop start-up, so the doctor exits 1 and says why (in-process, device stubbed)."""
+    from accel_plugin.cli import doctor, main
+
+    monkeypatch.setattr(doctor, "_device_info", lambda: {
+        "device": "cuda", "detail": "stub GPU (capability 7.0)", "cuda_capability": [7, 0]})
+    for name in [k for k in os.environ if k.startswith("ACCEL_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("ACCEL_ATTENTION_BACKEND", setting)
+    assert main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    errors = out[out.index("\nErrors\n"):]
+    assert f"ACCEL_ATTENTION_BACKEND={setting} refused: " in errors and "capability" in errors, out
+    assert "unset ACCEL_ATTENTION_BACKEND to keep the framework's own attention backend" in errors
+    monkeypatch.delenv("ACCEL_ATTENTION_BACKEND")
+    assert main(["doctor"]) == 0, capsys.readouterr().out
