@@ -17,29 +17,48 @@ the file (reference: docs/speculative.md)::
       min_acceptance: 0.5
 
 :func:`load_draft_config` reads and validates the file; every problem it finds
-(unknown keys, wrong types, bad regexes, missing model directories, weights that
-are not safetensors) is collected into one :class:`DraftConfigError` whose lines
-name the file, the line and the key. :func:`check_against_target` is the second
-half of start-up validation, once the target model is known: vocabulary and
-tokenizer compatibility, and ``num_speculative_tokens`` against the framework's.
+(unknown keys, wrong types, regexes RE2 cannot run, keys that would be ignored,
+missing model directories, weights that are not safetensors) is collected into one
+:class:`DraftConfigError` whose lines name the file, the line and the key.
+:func:`check_against_target` is the second half of start-up validation, once the
+target model is known: vocabulary and tokenizer compatibility, and
+``num_speculative_tokens`` against the framework's.
 
-Relative ``draft`` paths are resolved against the YAML file's folder.
+``draft`` paths: ``~`` is expanded, a relative path is taken relative to the YAML
+file's folder (not the server's working directory), and the result is resolved
+once (symlinks, ``..``) into the absolute path that is loaded and logged.
+
+Regexes run on every prompt, so they are compiled with RE2 (linear time in the
+prompt's length, whatever the pattern: no catastrophic backtracking); a pattern
+RE2 cannot compile is refused here, and one longer than :data:`MAX_REGEX_CHARS`
+too.
 """
 
 from __future__ import annotations
 
-import re
+import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+import re2
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .model_dirs import SUPPORTED_ARCHITECTURES, ModelDirError, TargetVocabulary, check_draft_dir
 
 __all__ = [
     "DEFAULT_DOMAIN",
+    "MAX_REGEX_CHARS",
     "SUPPORTED_ARCHITECTURES",
     "ConfigIssue",
     "ControllerConfig",
@@ -49,12 +68,55 @@ __all__ = [
     "DraftConfigError",
     "MatchConfig",
     "check_against_target",
+    "compile_regex",
     "load_draft_config",
     "parse_draft_config",
 ]
 
 #: Name under which requests that match no domain are counted.
 DEFAULT_DOMAIN = "default"
+#: The longest ``match.regex`` pattern accepted, in characters.
+MAX_REGEX_CHARS = 1000
+#: What a pattern may use, for the message that refuses one.
+_RE2_SYNTAX = (
+    "patterns are compiled with RE2 (linear time, https://github.com/google/re2/wiki/Syntax): "
+    "no backreferences (\\1, (?P=name)), lookarounds ((?=, (?!, (?<=, (?<!), atomic groups, "
+    "possessive quantifiers or (?x); inline flags (?i) (?m) (?s) (?U), named groups (?P<name>...), "
+    "\\pL-style Unicode classes and repetition counts up to 1000 are supported; write Python's \\Z as \\z"
+)
+
+_logger = logging.getLogger(__name__)
+
+
+def compile_regex(pattern: str) -> Any:
+    """``pattern`` compiled by RE2 (a ``re2._Regexp``: ``.search(text)`` as ``re``).
+
+    Raises :class:`ValueError` naming the pattern, the reason and what RE2 supports.
+    """
+    if len(pattern) > MAX_REGEX_CHARS:
+        raise ValueError(
+            f"regex of {len(pattern)} characters is too long (at most {MAX_REGEX_CHARS}); "
+            "list words under keywords instead of one long alternation"
+        )
+    options = re2.Options()
+    options.log_errors = False  # the error is raised, with the pattern, not printed by RE2
+    options.never_capture = True  # groups are not read: only whether a prompt matches
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        raise ValueError(f"regex {pattern!r} cannot be used: {reason}; {_RE2_SYNTAX}") from None
+
+
+def _checked_regex(pattern: str) -> str:
+    compile_regex(pattern)
+    return pattern
+
+
+def _non_blank(word: str) -> str:
+    if not word.strip():
+        raise ValueError("keywords must not be empty strings")
+    return word
 
 
 class _Strict(BaseModel):
@@ -67,27 +129,9 @@ class MatchConfig(_Strict):
     """How a prompt is recognised as belonging to a domain (either rule suffices)."""
 
     #: whole words, matched case-insensitively anywhere in the prompt
-    keywords: list[str] = Field(default_factory=list)
-    #: Python regular expressions, searched (``re.search``) in the prompt
-    regex: list[str] = Field(default_factory=list)
-
-    @field_validator("keywords")
-    @classmethod
-    def _non_empty_keywords(cls, value: list[str]) -> list[str]:
-        for word in value:
-            if not word.strip():
-                raise ValueError("keywords must not be empty strings")
-        return value
-
-    @field_validator("regex")
-    @classmethod
-    def _compiles(cls, value: list[str]) -> list[str]:
-        for pattern in value:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
-        return value
+    keywords: list[Annotated[str, AfterValidator(_non_blank)]] = Field(default_factory=list)
+    #: RE2 regular expressions (:func:`compile_regex`), searched in the prompt
+    regex: list[Annotated[str, AfterValidator(_checked_regex)]] = Field(default_factory=list)
 
 
 class DomainConfig(_Strict):
@@ -173,7 +217,9 @@ class DraftConfig(_Strict):
     domains: dict[str, DomainConfig] = Field(default_factory=dict)
     default: DefaultDraftConfig = Field(default_factory=DefaultDraftConfig)
     controller: ControllerConfig = Field(default_factory=ControllerConfig)
-    #: passed to transformers when a draft's tokenizer is loaded; off unless set
+    #: drafts only: allows a draft with custom code (auto_map), passed to transformers
+    #: when a draft's tokenizer is loaded; never applies to the target (the framework's
+    #: own setting does)
     trust_remote_code: bool = False
     #: dtype of the draft forward; auto = the target's dtype
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -246,12 +292,16 @@ class DraftConfigError(ValueError):
 def _key_lines(text: str) -> dict[tuple[str, ...], int]:
     """Key path -> 1-based line, from the YAML node tree (best effort)."""
     lines: dict[tuple[str, ...], int] = {}
+    walked: set[int] = set()  # an alias is walked once (nested aliases would be exponential)
 
     def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
         lines.setdefault(path, node.start_mark.line + 1)
+        if id(node) in walked:
+            return
+        walked.add(id(node))
         if isinstance(node, yaml.MappingNode):
             for key_node, value_node in node.value:
-                key = (*path, str(key_node.value))
+                key = (*path, str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "?")
                 lines[key] = key_node.start_mark.line + 1
                 walk(value_node, key)
         elif isinstance(node, yaml.SequenceNode):
@@ -289,8 +339,9 @@ def _issues_from_validation(exc: ValidationError, file: str | None, lines: dict)
                 message += f"; valid keys here: {', '.join(parent.model_fields)}"
         elif err["type"] == "missing":
             message = "required key is missing"
-        elif isinstance(err.get("input"), (str, int, float, bool)):
-            message += f"; got {err['input']!r}"
+        elif isinstance(err.get("input"), (str, int, float, bool)) and repr(err["input"]) not in message:
+            got = repr(err["input"])
+            message += f"; got {got}" if len(got) <= 80 else f"; got {got[:60]}... ({len(got)} characters)"
         issues.append(ConfigIssue(".".join(path), message, file, _line_of(lines, path)))
     return issues
 
@@ -310,20 +361,62 @@ def _model_for(path: tuple[str, ...]) -> type[BaseModel] | None:
     return None
 
 
+# ------------------------------------------------------------------ ignored keys
+
+#: controller keys read only by the adaptive controller (``adaptive: false`` drafts k_max)
+_ADAPTIVE_ONLY = (
+    "min_acceptance", "min_samples", "warmup_k", "probe_interval", "probe_k", "draft_cost",
+    "verify_overhead", "min_speedup", "hysteresis", "switch_after", "calibration_interval",
+)
+
+
+def _ignored_keys(config: DraftConfig) -> list[tuple[tuple[str, ...], str]]:
+    """Keys given in the file that another setting makes ineffective: (key path, why and fix)."""
+    out: list[tuple[tuple[str, ...], str]] = []
+    controller, given = config.controller, config.controller.model_fields_set
+    if not controller.adaptive:
+        why = ("has no effect with controller.adaptive: false (every domain drafts its k_max at every step); "
+               "remove it, or set adaptive: true")
+        out.extend((("controller", key), why) for key in _ADAPTIVE_ONLY if key in given)
+    elif "calibration_interval" in given and controller.verify_overhead is not None:
+        why = ("has no effect with controller.verify_overhead set (calibration steps only measure the verify "
+               "overhead); remove one of the two")
+        out.append((("controller", "calibration_interval"), why))
+    if config.default.draft is None and "num_speculative_tokens" in config.default.model_fields_set:
+        why = ("has no effect with default.draft: null (unmatched requests are not speculated); "
+               "remove it, or give default a draft")
+        out.append((("default", "num_speculative_tokens"), why))
+    return out
+
+
 # --------------------------------------------------------------------- model dirs
 
 
 def _check_draft_dir(raw: str, base: Path, trust_remote_code: bool) -> tuple[Path | None, str | None]:
-    """Resolve a draft directory against ``base``; returns (path, None) or (None, problem)."""
-    path = Path(raw).expanduser()
-    if not path.is_absolute():
-        path = (base / path).resolve()
+    """``raw`` as a draft directory: ``~`` expanded, relative to ``base``, resolved
+    (symlinks, ``..``) once. Returns (path, None) or (None, problem)."""
     try:
+        given = Path(raw).expanduser()
+        lexical = given if given.is_absolute() else base / given
+        path = lexical.resolve()
         return check_draft_dir(path, trust_remote_code=trust_remote_code), None
     except ModelDirError as exc:
         if path.is_dir():
             return None, str(exc)
-        return None, f"draft {exc} (relative paths are resolved against the YAML file's folder)"
+    except (OSError, ValueError, RuntimeError) as exc:  # a NUL byte, a name too long, ~unknown-user
+        return None, f"draft {raw!r:.200} is not a usable path: {exc}"
+    tried = str(path) if path == lexical else f"{path} (resolved from {lexical})"
+    problem = f"draft model directory {raw!r} does not exist: tried {tried}"
+    if not given.is_absolute():
+        problem += f"; relative paths are resolved against the YAML file's folder {base}"
+        in_cwd = Path.cwd() / given
+        try:
+            elsewhere = in_cwd.resolve() != path and in_cwd.is_dir()
+        except OSError:
+            elsewhere = False
+        if elsewhere:
+            problem += f", not the current directory (where {in_cwd} exists): write that path instead"
+    return None, problem
 
 
 def parse_draft_config(text: str, *, file: str | Path | None = None, check_paths: bool = True) -> DraftConfig:
@@ -338,19 +431,27 @@ def parse_draft_config(text: str, *, file: str | Path | None = None, check_paths
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
         raise DraftConfigError([ConfigIssue("", f"not valid YAML: {exc}", file_name, line)]) from None
+    except ValueError as exc:  # a value PyYAML cannot build: 2024-13-01, an int of 5000 digits
+        raise DraftConfigError([ConfigIssue("", f"a value cannot be read: {exc!s:.200}", file_name)]) from None
+    except RecursionError:
+        raise DraftConfigError([ConfigIssue("", "the YAML is nested too deeply", file_name)]) from None
     if not isinstance(data, dict):
         raise DraftConfigError([ConfigIssue("", "the file must be a YAML mapping with at least num_speculative_tokens", file_name, 1)])
-    lines = _key_lines(text)
     try:
+        lines = _key_lines(text)
         config = DraftConfig.model_validate(data)
     except ValidationError as exc:
         raise DraftConfigError(_issues_from_validation(exc, file_name, lines)) from None
+    except RecursionError:
+        raise DraftConfigError([ConfigIssue("", "the YAML is nested too deeply", file_name)]) from None
+    issues = [ConfigIssue(".".join(path), why, file_name, _line_of(lines, path)) for path, why in _ignored_keys(config)]
     if not check_paths:
+        if issues:
+            raise DraftConfigError(issues)
         config._file, config._lines = file_name, lines
         return config
 
     base = Path(file).resolve().parent if file is not None else Path.cwd()
-    issues: list[ConfigIssue] = []
     resolved: dict[str, Any] = {}
     entries: list[tuple[tuple[str, ...], str | None]] = [
         (("domains", name, "draft"), d.draft) for name, d in config.domains.items()
@@ -364,6 +465,8 @@ def parse_draft_config(text: str, *, file: str | Path | None = None, check_paths
             issues.append(ConfigIssue(".".join(path), problem, file_name, _line_of(lines, path)))
         else:
             resolved[path] = str(model_dir)
+            if resolved[path] != raw:
+                _logger.info("draft config %s: %s %r is %s", file_name or "<config>", ".".join(path), raw, model_dir)
     if issues:
         raise DraftConfigError(issues)
 
@@ -398,12 +501,15 @@ def check_against_target(
     *,
     framework_k: int | None = None,
     tokenizer_dir: str | Path | None = None,
+    target_trust_remote_code: bool = False,
 ) -> None:
     """Start-up checks that need the target: vocabulary, tokenizer, k_max.
 
     ``framework_k`` is the framework's num_speculative_tokens (the most tokens it
-    verifies per step); ``tokenizer_dir`` defaults to ``target_dir``. Raises
-    :class:`DraftConfigError`.
+    verifies per step); ``tokenizer_dir`` defaults to ``target_dir``.
+    ``target_trust_remote_code`` is the framework's own setting for the target (vLLM:
+    ``model_config.trust_remote_code``): the YAML's ``trust_remote_code`` applies to
+    drafts only. Raises :class:`DraftConfigError`.
     """
     file_name, lines = config._file, config._lines
     issues: list[ConfigIssue] = []
@@ -414,11 +520,16 @@ def check_against_target(
             f"lower it here or raise it in speculative_config",
             file_name, _line_of(lines, ("num_speculative_tokens",)),
         ))
-    target = TargetVocabulary(target_dir, tokenizer_dir=tokenizer_dir, trust_remote_code=config.trust_remote_code)
+    target = TargetVocabulary(target_dir, tokenizer_dir=tokenizer_dir, trust_remote_code=target_trust_remote_code)
     seen: set[str] = set()
     for domain, draft in config.drafts().items():
         if draft is None or draft in seen:
             continue
+        if not seen:
+            # TargetVocabulary uses one flag for both sides: read the target's tokenizer
+            # now, with the framework's flag (cached), then switch to the drafts' one.
+            target.tokens  # noqa: B018 - the property reads and caches
+            target.trust_remote_code = config.trust_remote_code
         seen.add(draft)
         path = ("default", "draft") if domain == DEFAULT_DOMAIN else ("domains", domain, "draft")
         problem = target.mismatch(draft)

@@ -88,6 +88,8 @@ def main() -> None:
     configs: dict[str, tuple[dict | None, Path | None]] = {"plain": (None, None)}
     for name, adaptive in (("accel adaptive", True), ("accel fixed k", False)):
         path = Path(args.cache) / f"bench-{'adaptive' if adaptive else 'fixed'}.yaml"
+        # the controller's tuning keys only where they act (the YAML refuses them with adaptive: false)
+        controller = "{adaptive: true, min_samples: 8, probe_interval: 16}" if adaptive else "{adaptive: false}"
         path.write_text(textwrap.dedent(f"""\
             num_speculative_tokens: {args.k}
             domains:
@@ -99,7 +101,7 @@ def main() -> None:
                 match: {{regex: ['(?m)^\\s*(def|class|import)\\b']}}
             default:
               draft: {good}
-            controller: {{adaptive: {str(adaptive).lower()}, min_samples: 8, probe_interval: 16}}
+            controller: {controller}
         """))
         configs[name] = (spec, path)
     configs["vllm draft_model"] = ({"method": "draft_model", "model": str(good), "num_speculative_tokens": args.k}, None)

@@ -119,7 +119,7 @@ def test_minimal_file_has_defaults(tmp_path):
         ("num_speculative_tokens: 3\ntrust_remote_code: 'no'\n", "trust_remote_code", 2, "valid boolean"),
         ("num_speculative_tokens: 3\ndtype: fp8\n", "dtype", 2, "'auto', 'float32'"),
         ("num_speculative_tokens: 3\ndomains:\n  a:\n    draft: x\n    match: {regex: ['(']}\n",
-         "domains.a.match.regex", 5, "invalid regular expression '('"),
+         "domains.a.match.regex.0", 5, "regex '(' cannot be used: missing )"),
         ("num_speculative_tokens: 3\ndomains:\n  a:\n    draft: x\n    match: {}\n", "domains.a", 3, "at least one keyword or regex"),
         ("num_speculative_tokens: 3\ndomains:\n  a:\n    match: {keywords: [x]}\n", "domains.a.draft", 3, "required key is missing"),
         ("num_speculative_tokens: 3\ndomains:\n  a:\n    draft: 5\n    match: {keywords: [x]}\n", "domains.a.draft", 4, "valid string"),
@@ -241,3 +241,193 @@ def test_compatible_draft_and_k_max_against_framework(tmp_path, models):
 def test_parse_without_path_checks():
     config = parse_draft_config("num_speculative_tokens: 2\ndefault: {draft: /x}\n", check_paths=False)
     assert config.default.draft == "/x"
+
+
+# ------------------------------------------------------------ regexes (RE2 only)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "fragment"),
+    [
+        (r"(a)\1", "invalid escape sequence: \\1"),
+        (r"(?P<x>a)(?P=x)", "invalid perl operator: (?P"),
+        (r"foo(?=bar)", "invalid perl operator: (?="),
+        (r"(?<!x)y", "invalid perl operator: (?<"),
+        (r"a++", "bad repetition operator: ++"),
+        (r"(?x) a", "invalid perl operator: (?x"),
+        (r"end\Z", "invalid escape sequence: \\Z"),
+    ],
+)
+def test_regex_re2_cannot_run_is_refused_with_pattern_line_and_syntax(tmp_path, pattern, fragment):
+    path = write(tmp_path, f"""
+        num_speculative_tokens: 3
+        domains:
+          a:
+            draft: x
+            match:
+              regex:
+                - 'fine \\d+'
+                - '{pattern}'
+    """)
+    (issue,) = errors_of(path)
+    assert issue.key == "domains.a.match.regex.1" and issue.line == 8
+    assert f"regex {pattern!r} cannot be used" in issue.message and fragment in issue.message
+    assert "RE2" in issue.message and "no backreferences" in issue.message
+
+
+def test_regex_length_is_capped(tmp_path):
+    from accel_plugin.config import MAX_REGEX_CHARS
+
+    long = "a" * (MAX_REGEX_CHARS + 1)
+    path = write(tmp_path, f"num_speculative_tokens: 3\ndomains:\n  a:\n    draft: x\n    match: {{regex: ['{long}']}}\n")
+    (issue,) = errors_of(path)
+    assert issue.key == "domains.a.match.regex.0" and f"at most {MAX_REGEX_CHARS}" in issue.message
+    assert long not in str(issue)  # the message does not repeat a kilobyte of pattern
+    ok = write(tmp_path, f"num_speculative_tokens: 3\ndomains:\n  a:\n    draft: x\n    match: {{regex: ['{long[1:]}']}}\n")
+    parse_draft_config(ok.read_text(), check_paths=False)
+
+
+def test_inline_flags_and_unicode_classes_are_accepted():
+    config = parse_draft_config(
+        "num_speculative_tokens: 3\ndomains:\n  a:\n    draft: x\n"
+        "    match: {regex: ['(?i)ticket #\\d+', '(?m)^def ', '(?s)a.b', '(?U)x+', '\\pL+ \\p{Greek}', '(?P<n>q)']}\n",
+        check_paths=False,
+    )
+    assert len(config.domains["a"].match.regex) == 6
+
+
+# ----------------------------------------------------- keys another setting ignores
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "key", "line", "fragment"),
+    [
+        ("num_speculative_tokens: 3\ndefault: {draft: D}\ncontroller:\n  adaptive: false\n  min_acceptance: 0.5\n",
+         "controller.min_acceptance", 5, "has no effect with controller.adaptive: false"),
+        ("num_speculative_tokens: 3\ndefault: {draft: D}\ncontroller:\n  adaptive: false\n  probe_k: 2\n",
+         "controller.probe_k", 5, "remove it, or set adaptive: true"),
+        (("num_speculative_tokens: 3\ndefault: {draft: D}\ncontroller:\n  verify_overhead: 0.1\n"
+          "  calibration_interval: 16\n"), "controller.calibration_interval", 5, "remove one of the two"),
+        (("num_speculative_tokens: 3\ndomains:\n  a:\n    draft: D\n    match: {keywords: [x]}\n"
+          "default:\n  draft: null\n  num_speculative_tokens: 2\n"),
+         "default.num_speculative_tokens", 8, "has no effect with default.draft: null"),
+        ("num_speculative_tokens: 3\ndefault:\n  num_speculative_tokens: 2\n",
+         "default.num_speculative_tokens", 3, "give default a draft"),
+    ],
+)
+def test_keys_that_would_be_ignored_are_errors(tmp_path, models, yaml_text, key, line, fragment):
+    path = write(tmp_path, yaml_text.replace("D", str(models["draft"])))
+    issues = errors_of(path)
+    assert [i.key for i in issues] == [key]
+    assert issues[0].line == line and fragment in issues[0].message
+    # the same check without paths (accel bench, the router)
+    with pytest.raises(DraftConfigError):
+        parse_draft_config(path.read_text(), check_paths=False)
+
+
+def test_keys_that_still_apply_without_adaptive_are_accepted(tmp_path, models):
+    path = write(tmp_path, f"""
+        num_speculative_tokens: 3
+        default: {{draft: {models['draft']}}}
+        controller: {{adaptive: false, window: 64, log_interval_s: 0}}
+        dtype: float32
+    """)
+    assert load_draft_config(path).controller.window == 64
+
+
+def _repo_yaml_examples() -> list[tuple[str, str]]:
+    """(where, text) of every draft YAML shipped in the repo: files, and docs' yaml blocks."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = [(str(f), f.read_text()) for d in ("demo_models", "examples", "demo") for f in sorted((root / d).rglob("*.y*ml"))]
+    for doc in sorted((root / "docs").glob("*.md")):
+        for i, block in enumerate(re.findall(r"```yaml\n(.*?)```", doc.read_text(), re.DOTALL)):
+            out.append((f"{doc.name} block {i}", block))
+    return [(where, text) for where, text in out if "num_speculative_tokens:" in text]
+
+
+def test_every_example_yaml_in_the_repo_still_loads():
+    examples = _repo_yaml_examples()
+    assert len(examples) >= 4
+    for where, text in examples:
+        parse_draft_config(text, file=where, check_paths=False)
+
+
+# --------------------------------------------------------------------- draft paths
+
+
+def test_relative_draft_is_relative_to_the_yaml_folder_not_the_cwd(tmp_path, models, monkeypatch):
+    conf_dir, cwd = tmp_path / "conf", tmp_path / "cwd"
+    (cwd / "drafts").mkdir(parents=True)
+    conf_dir.mkdir()
+    shutil.copytree(models["draft"], cwd / "drafts" / "d")
+    monkeypatch.chdir(cwd)
+    path = conf_dir / "drafts.yaml"
+    path.write_text("num_speculative_tokens: 3\ndefault:\n  draft: drafts/d\n")
+    (issue,) = errors_of(path)
+    assert issue.key == "default.draft" and issue.line == 3
+    assert f"tried {conf_dir / 'drafts' / 'd'}" in issue.message
+    assert f"resolved against the YAML file's folder {conf_dir}" in issue.message
+    assert f"not the current directory (where {cwd / 'drafts' / 'd'} exists)" in issue.message
+    shutil.copytree(models["draft"], conf_dir / "drafts" / "d")
+    assert load_draft_config(path).default.draft == str(conf_dir / "drafts" / "d")
+
+
+def test_tilde_symlink_and_dotdot_are_resolved_once(tmp_path, models, monkeypatch):
+    home = tmp_path / "home"
+    (home / "m").mkdir(parents=True)
+    shutil.copytree(models["draft"], home / "m" / "real")
+    (home / "m" / "link").symlink_to(home / "m" / "real")
+    monkeypatch.setenv("HOME", str(home))
+    path = home / "conf" / "drafts.yaml"
+    path.parent.mkdir()
+    path.write_text(
+        "num_speculative_tokens: 3\n"
+        "domains:\n"
+        "  a: {draft: ~/m/link, match: {keywords: [x]}}\n"
+        "  b: {draft: ../m/./link/../real, match: {keywords: [y]}}\n"
+    )
+    config = load_draft_config(path)
+    real = str((home / "m" / "real").resolve())
+    assert config.domains["a"].draft == real and config.domains["b"].draft == real
+
+
+def test_missing_absolute_draft_names_what_was_tried(tmp_path, models):
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    path = write(tmp_path, f"num_speculative_tokens: 3\ndefault:\n  draft: {tmp_path / 'link'}\n")
+    (issue,) = errors_of(path)
+    assert f"tried {tmp_path / 'gone'} (resolved from {tmp_path / 'link'})" in issue.message
+    assert "YAML file's folder" not in issue.message  # an absolute path is taken as written
+
+
+# ------------------------------------------------------- trust_remote_code, per side
+
+
+@pytest.mark.parametrize(("yaml_trust", "target_trust"), [(True, False), (False, True), (False, False)])
+def test_trust_remote_code_of_the_yaml_applies_to_drafts_only(tmp_path, models, monkeypatch, yaml_trust, target_trust):
+    from accel_plugin import model_dirs
+
+    calls = []
+    real = model_dirs.read_vocab
+
+    def recording(model_dir, *, trust_remote_code=False):
+        calls.append((str(model_dir), trust_remote_code))
+        return real(model_dir, trust_remote_code=trust_remote_code)
+
+    monkeypatch.setattr(model_dirs, "read_vocab", recording)
+    path = write(tmp_path, f"num_speculative_tokens: 3\ntrust_remote_code: {str(yaml_trust).lower()}\n"
+                           f"default:\n  draft: {models['draft']}\n")
+    check_against_target(load_draft_config(path), models["target"], target_trust_remote_code=target_trust)
+    assert calls == [(str(models["target"]), target_trust), (str(models["draft"].resolve()), yaml_trust)]
+
+
+def test_target_trust_defaults_to_no_remote_code(tmp_path, models, monkeypatch):
+    from accel_plugin import model_dirs
+
+    flags = []
+    monkeypatch.setattr(model_dirs, "read_vocab", lambda d, *, trust_remote_code=False: flags.append(trust_remote_code))
+    path = write(tmp_path, f"num_speculative_tokens: 3\ntrust_remote_code: true\ndefault:\n  draft: {models['draft']}\n")
+    check_against_target(load_draft_config(path), models["target"])
+    assert flags[0] is False

@@ -42,7 +42,7 @@ def test_wheel_metadata_entry_points_and_dependencies(wheel):
     metadata = zf.read(info.replace("entry_points.txt", "METADATA")).decode()
     requires = [l.split(":", 1)[1].strip() for l in metadata.splitlines() if l.startswith("Requires-Dist:")]
     runtime = sorted(r.split(">")[0].split("=")[0].split(";")[0].strip().lower() for r in requires if "extra ==" not in r)
-    assert runtime == ["numpy", "packaging", "pluggy", "pydantic", "pyyaml", "safetensors", "torch", "triton"]
+    assert runtime == ["google-re2", "numpy", "packaging", "pluggy", "pydantic", "pyyaml", "safetensors", "torch", "triton"]
     # the compatibility matrix's records ship (accel doctor --self-test reads them)
     assert "accel_plugin/compat_results.json" in zf.namelist()
 

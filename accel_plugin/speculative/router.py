@@ -5,9 +5,15 @@ regular expressions match the prompt wins. A prompt that matches no domain belon
 to :data:`~accel_plugin.config.DEFAULT_DOMAIN`.
 
 Keywords match as whole words, case-insensitively (``refund`` matches "Refund
-please" and "my refund.", not "refunded"); regexes are searched with ``re.search``
-as written (add ``(?i)`` for case-insensitive matching, ``^`` with ``(?m)`` for the
-start of any line).
+please" and "my refund.", not "refunded"); regexes are searched as written (add
+``(?i)`` for case-insensitive matching, ``^`` with ``(?m)`` for the start of any
+line).
+
+Routing runs on every new request, so its cost is bounded whatever the YAML says:
+regexes run on RE2 (:func:`~accel_plugin.config.compile_regex`: linear time, no
+backtracking; ``\\w``, ``\\d``, ``\\s`` and ``\\b`` are ASCII there, ``\\pL`` is any
+letter), keywords are escaped literals (no backtracking either), and only the
+first :data:`MAX_ROUTED_CHARS` characters of a prompt are matched.
 """
 
 from __future__ import annotations
@@ -15,10 +21,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from ..config import DEFAULT_DOMAIN, DraftConfig
+from ..config import DEFAULT_DOMAIN, DraftConfig, compile_regex
 
-__all__ = ["DomainRouter", "DomainRule"]
+__all__ = ["MAX_ROUTED_CHARS", "DomainRouter", "DomainRule"]
+
+#: Only this many characters at the start of a prompt are matched (about 16k tokens
+#: of English): the domain shows early, and routing time stays bounded.
+MAX_ROUTED_CHARS = 65536
 
 
 @dataclass(frozen=True)
@@ -26,14 +37,18 @@ class DomainRule:
     """A domain and its compiled patterns (keywords become one alternation)."""
 
     domain: str
-    patterns: tuple[re.Pattern[str], ...]
+    #: ``re.Pattern`` (the keywords) and RE2 patterns: both have ``search(text)``
+    patterns: tuple[Any, ...]
 
     @classmethod
     def build(cls, domain: str, keywords: Iterable[str] = (), regex: Iterable[str] = ()) -> DomainRule:
-        patterns = [re.compile(p) for p in regex]
+        """Raises :class:`ValueError` for a regex RE2 cannot run (the YAML loader has
+        already refused those, with file and line)."""
+        patterns = [compile_regex(p) for p in regex]
         words = [w.strip() for w in keywords if w.strip()]
         if words:
             # (?<!\w)/(?!\w) rather than \b: keywords may start or end with punctuation.
+            # Python's re (RE2 has no lookarounds): literals only, so no backtracking.
             alternation = "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))
             patterns.insert(0, re.compile(rf"(?<!\w)(?:{alternation})(?!\w)", re.IGNORECASE))
         return cls(domain, tuple(patterns))
@@ -56,6 +71,8 @@ class DomainRouter:
         )
 
     def route(self, text: str) -> str:
+        """The domain of a prompt, from its first :data:`MAX_ROUTED_CHARS` characters."""
+        text = text[:MAX_ROUTED_CHARS]
         for rule in self.rules:
             if rule.matches(text):
                 return rule.domain

@@ -395,7 +395,8 @@ def attach(model, config_path: str | None = None) -> TGIDraftSpeculation | None:
             f"verifies per request and step); lower num_speculative_tokens to {speculate} or start TGI with "
             f"--speculate {config.num_speculative_tokens}", str(path), _yaml_line(path, "num_speculative_tokens")))
     try:
-        check_against_target(config, target, tokenizer_dir=target)
+        # TGI keeps no --trust-remote-code on the model: the target's tokenizer files are read without it
+        check_against_target(config, target, tokenizer_dir=target, target_trust_remote_code=False)
     except DraftConfigError as exc:
         issues.extend(exc.issues)
     if issues:

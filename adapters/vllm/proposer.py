@@ -114,6 +114,7 @@ class DomainDraftProposer:
             model_config.model,
             framework_k=spec_config.num_speculative_tokens,
             tokenizer_dir=model_config.tokenizer,
+            target_trust_remote_code=bool(getattr(model_config, "trust_remote_code", False)),
         )
         self.config = config
         self.num_speculative_tokens = spec_config.num_speculative_tokens
