@@ -26,7 +26,7 @@ import torch
 
 from .llama import LlamaDraftModel
 
-__all__ = ["DraftCache", "DraftEngine", "DraftJob", "DraftResult"]
+__all__ = ["DraftCache", "DraftEngine", "DraftJob", "DraftOutputError", "DraftResult"]
 
 #: new-token counts above this run in forwards of their own (prompt prefills)
 _LONG_ROW = 16
@@ -67,6 +67,23 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if len(diff) else n
 
 
+class DraftOutputError(RuntimeError):
+    """A draft forward returned NaN or infinite logits (broken weights or numerics)."""
+
+
+def _greedy(draft: str, model: LlamaDraftModel, logits: torch.Tensor) -> list[int]:
+    """The argmax token per row; raises :class:`DraftOutputError` on non-finite logits.
+
+    An argmax over NaN is a valid-looking token id: without the check, a broken
+    draft would propose garbage at every step while the target quietly rejects it.
+    """
+    tokens = model.greedy(logits).tolist()
+    # a row's max is NaN if any entry is NaN, +inf if any is +inf (one reduction of [B])
+    if not bool(torch.isfinite(logits.amax(dim=-1)).all()):
+        raise DraftOutputError(f"draft model {draft} returned non-finite logits (NaN or inf)")
+    return tokens
+
+
 class DraftEngine:
     """Loads draft models lazily (by directory) and drafts for groups of requests."""
 
@@ -100,7 +117,8 @@ class DraftEngine:
             model.free_slot(cache.slot)
 
     def draft(self, draft: str, jobs: Sequence[DraftJob]) -> DraftResult:
-        """Greedy drafts for ``jobs`` (all of model ``draft``); raises what the model raises."""
+        """Greedy drafts for ``jobs`` (all of model ``draft``); raises what the model raises,
+        and :class:`DraftOutputError` when its logits are not finite."""
         model = self.load(draft)
         n = len(jobs)
         drafts: list[list[int]] = [[] for _ in range(n)]
@@ -132,7 +150,7 @@ class DraftEngine:
                 torch.tensor([len(news[i]) for i in group], dtype=torch.long, device=device),
                 torch.tensor([jobs[i].cache.slot for i in group], dtype=torch.long, device=device),
             )
-            for r, tok in enumerate(model.greedy(logits).tolist()):
+            for r, tok in enumerate(_greedy(draft, model, logits)):
                 drafts[group[r]].append(tok)
                 last_token[group[r]] = tok
             if group is short:
@@ -152,7 +170,7 @@ class DraftEngine:
                 torch.ones(len(rows), dtype=torch.long, device=device),
                 torch.tensor([jobs[i].cache.slot for i in rows], dtype=torch.long, device=device),
             )
-            for r, tok in enumerate(model.greedy(logits).tolist()):
+            for r, tok in enumerate(_greedy(draft, model, logits)):
                 drafts[rows[r]].append(tok)
                 last_token[rows[r]] = tok
             step += 1

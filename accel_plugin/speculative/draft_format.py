@@ -145,7 +145,9 @@ def _read(files: dict[str, Path], names: Iterable[str]) -> dict[str, torch.Tenso
     for f, wanted in by_file.items():
         with safe_open(str(f), framework="pt") as handle:
             for name in wanted:
-                out[name] = handle.get_tensor(name)
+                # a copy: safe_open maps the file, and a file rewritten in place under a
+                # mapping kills the process (SIGBUS) at the next read
+                out[name] = handle.get_tensor(name).clone()
     return out
 
 
@@ -176,9 +178,11 @@ def load_tensors(draft_dir: str | Path, target_dir: str | Path | None = None) ->
     """Every tensor of the draft at ``draft_dir``, borrowed ones read from ``target_dir``.
 
     Returns ``(tensors, spec)``; ``spec`` is ``None`` for a plain checkpoint (then
-    ``target_dir`` is not needed). Raises :class:`DraftFormatError`.
+    ``target_dir`` is not needed). The tensors own their memory (no file mapping), so
+    the files may be deleted or rewritten once this returns. Raises
+    :class:`DraftFormatError`.
     """
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     draft_dir = Path(draft_dir)
     config_file = draft_dir / "config.json"
@@ -186,7 +190,9 @@ def load_tensors(draft_dir: str | Path, target_dir: str | Path | None = None) ->
     spec = read_spec(config, config_file)
     tensors: dict[str, torch.Tensor] = {}
     for f in _safetensors_files(draft_dir):
-        tensors.update(load_file(str(f)))
+        # read into memory, not mapped (load_file maps): a draft's files replaced in
+        # place while the server runs must not take the process down with SIGBUS
+        tensors.update(load(f.read_bytes()))
     if spec is None or not spec.needs_target:
         return tensors, spec
     if target_dir is None:

@@ -32,7 +32,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..model_dirs import ModelDirError, check_model_dir
 from .draft_format import DraftFormatError, load_tensors
+from .host_memory import release_freed_memory
 
 __all__ = ["DraftModelError", "LlamaDraftModel"]
 
@@ -132,9 +134,11 @@ class LlamaDraftModel:
     # ---------------------------------------------------------------- weights
 
     def _load_weights(self, tied: bool) -> None:
+        # safetensors only: a pickle (pytorch_model.bin, *.pt) can run code when loaded
         try:
+            check_model_dir(self.model_dir)
             tensors, spec = load_tensors(self.model_dir, self.target_dir)
-        except DraftFormatError as exc:
+        except (DraftFormatError, ModelDirError) as exc:
             raise DraftModelError(str(exc)) from None
 
         def take(name: str, required: bool = True) -> torch.Tensor | None:
@@ -223,6 +227,7 @@ class LlamaDraftModel:
             return
         self._resize(new_slots, new_cap)
 
+    @torch.inference_mode()  # forward's tensors are inference tensors: update them in kind
     def _resize(self, new_slots: int, new_cap: int) -> None:
         """Reallocate every layer's K/V as ``[new_slots, Hkv, new_cap, D]``; live rows
         move to rows ``0..live-1`` (in handle order), keeping ``min(used, new_cap)``
@@ -258,6 +263,7 @@ class LlamaDraftModel:
             table[handle] = row
         self._row_of = torch.tensor(table or [0], dtype=torch.long, device=self.device)
 
+    @torch.inference_mode()
     def alloc_slot(self) -> int:
         """A free slot handle for a new request (grows the rows by doubling if none is free)."""
         if not self._free_rows:
@@ -272,6 +278,7 @@ class LlamaDraftModel:
         self._sync_rows()
         return handle
 
+    @torch.inference_mode()
     def free_slot(self, slot: int) -> None:
         """Give a request's slot back; shrinks the cache when it is mostly unused."""
         row = self._live_rows.pop(slot, None)
@@ -293,6 +300,8 @@ class LlamaDraftModel:
             new_cap = min(self.max_len, max(self._min_capacity, _next_pow2(longest)))
         if new_slots < self._num_slots or new_cap < self._capacity:
             self._resize(min(new_slots, self._num_slots), min(new_cap, self._capacity))
+            if self.device.type == "cpu":
+                release_freed_memory()  # else the C heap keeps the old, larger cache's pages
 
     @property
     def num_free_slots(self) -> int:

@@ -23,9 +23,10 @@ controller also gets the time of the target step that ran since the last call
 (with its batch size and the drafts it verified) and each draft model's time per
 forward in this call, which it pairs with the next target step (see
 :mod:`.controller`); in a calibration step it asks for no drafts at all. If a
-draft model raises (an exception, out of memory), every domain it serves is
-switched off with one logged error and its rows get no drafts: decoding goes on
-without speculation for them, and nothing else changes.
+draft model raises (an exception, out of memory, non-finite logits: the engine's
+``DraftOutputError``), every domain it serves is switched off with one logged
+error and its rows get no drafts: decoding goes on without speculation for them,
+and nothing else changes.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def load_lm(path: Path):
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own bars, not one per weight file
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, use_safetensors=True)
     model.eval()
     return model
 
