@@ -9,7 +9,9 @@ Each TGI process costs 10-35 s of imports, so the processes are few and shared:
   (scripts/tgi_spec_generate.py): a tiny Llama whose YAML routes ``support`` to an
   identical draft, ``code`` to a partly good one (a perturbed copy), ``faulty`` to a
   draft that raises on its 3rd call, and the rest to a poor (random) draft, under
-  the default adaptive controller; plain, speculative, and speculative with a batch
+  the adaptive controller with fixed costs (``draft_cost``, ``verify_overhead``: its
+  decisions depend on acceptance, not on how fast this machine runs the tiny model);
+  plain, speculative, and speculative with a batch
   joining mid-generation; then SmolLM2-135M-Instruct with the demo's tuned
   ``support`` draft (demo_models/smollm2/drafts.yaml) on held-out support prompts;
   and two start-up checks (k_max above ``--speculate``; no ``--speculate``);
@@ -98,7 +100,9 @@ def tiny(tmp_path_factory):
             match: {{keywords: [broken]}}
         default:
           draft: {drafts['poor']}
-        controller: {{adaptive: true}}
+        # costs given: the decisions follow acceptance alone, not this machine's timings
+        # (a tiny target's TGI step costs about one draft forward here, c ~ 0.6: off)
+        controller: {{adaptive: true, draft_cost: 0.1, verify_overhead: 0.1}}
     """)
     too_deep = write("too-deep", f"num_speculative_tokens: {N + 1}\ndefault: {{draft: {target}}}\n")
     grpc = write("grpc", f"""
@@ -203,7 +207,7 @@ def test_partly_good_draft_is_accepted_sometimes(tgi):
     assert stats["code"]["drafted"] > 0 and 0.2 < stats["code"]["alpha"] < 0.95
 
 
-def test_poor_draft_is_switched_off_by_the_default_controller(tgi):
+def test_poor_draft_is_switched_off_by_the_controller(tgi):
     stats = _tiny(tgi("own")[0])["runs"]["spec@tiny"]["stats"]["default"]
     assert stats["alpha"] < 0.2 and stats["state"] == "off" and stats["k"] == 0
     assert stats["drafted"] < K * stats["steps"]

@@ -84,11 +84,13 @@ def assert_same_tokens(runs: dict, reference: str = "stock"):
 
 #: bf16: the Triton interpreter upcasts bf16 to fp32 inside the kernels while
 #: CPU_ATTN computes in bf16, so the two may pick different tokens where two
-#: candidates are nearly tied. Criterion: the first BF16_EXACT_STEPS tokens agree,
-#: and up to the first differing token every logprob both report agrees within
-#: BF16_LOGPROB_ATOL (nats).
+#: candidates are nearly tied (seen on an AMD EPYC: 0.016 nats apart at the first
+#: step of a 70-token prompt). Criterion, per prompt (as vLLM's check_logprobs_close):
+#: up to and including the first step where the tokens differ, every logprob both
+#: report agrees within BF16_LOGPROB_ATOL (nats); at that step each side's token is
+#: among the other's top logprobs, within BF16_LOGPROB_ATOL of the other's pick (a
+#: near tie, not a wrong distribution); after it the contexts differ and are not compared.
 BF16_LOGPROB_ATOL = 0.1
-BF16_EXACT_STEPS = 1
 BF16_RUNS = [
     {"label": "stock-bf16", "engine_kwargs": {"dtype": "bfloat16"}},
     {"label": "ACCEL_FLASH-bf16", "engine_kwargs": {"dtype": "bfloat16", "attention_backend": "ACCEL_FLASH"}},
@@ -111,12 +113,18 @@ def test_greedy_matches_stock_across_prompt_lengths(tiny_model_dir, model):
 def assert_bf16_close(ours, stock):
     assert ours["attention_backends"] == ["ACCEL_FLASH"]
     for i, (got, want) in enumerate(zip(ours["token_ids"], stock["token_ids"])):
-        assert got[:BF16_EXACT_STEPS] == want[:BF16_EXACT_STEPS], f"prompt {i}: {got} vs {want}"
         same = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), len(got))
-        for step in range(same):
+        for step in range(min(same + 1, len(got))):
             a, b = ours["logprobs"][i][step], stock["logprobs"][i][step]
+            assert set(a) & set(b), (i, step, a, b)
             for tok in set(a) & set(b):
                 assert abs(a[tok] - b[tok]) <= BF16_LOGPROB_ATOL, (i, step, tok, a[tok], b[tok])
+        if same < len(got):
+            a, b = ours["logprobs"][i][same], stock["logprobs"][i][same]
+            mine, theirs = str(got[same]), str(want[same])
+            assert mine in b and theirs in a, f"prompt {i} step {same}: {got} vs {want}, not a near tie: {a} {b}"
+            assert a[mine] - a[theirs] <= BF16_LOGPROB_ATOL and b[theirs] - b[mine] <= BF16_LOGPROB_ATOL, (
+                i, same, a, b)
 
 
 # Chunked prefill (a 32-token budget cuts the long prompts into chunks, mixed with

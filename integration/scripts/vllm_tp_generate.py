@@ -26,6 +26,8 @@ import json
 import os
 import time
 
+from vllm_spec_generate import spec_counters  # this folder is sys.path[0]
+
 
 def _rank_info(worker) -> dict:
     """Runs in each worker (collective_rpc): rank, pid, attention backends."""
@@ -68,15 +70,6 @@ def _draft_record(worker) -> dict:
     return {"rank": worker.rank, **worker.model_runner.drafter.tp_test_record(), "accel": collect_stats()}
 
 
-def _spec_counters(llm) -> dict:
-    out = {}
-    for metric in llm.get_metrics():
-        if metric.name.startswith("vllm:spec_decode_"):
-            key = metric.name.removeprefix("vllm:spec_decode_")
-            out[key] = list(metric.values) if hasattr(metric, "values") else metric.value
-    return out
-
-
 def _run(model: str, run: dict) -> dict:
     from vllm import LLM, SamplingParams
 
@@ -107,7 +100,7 @@ def _run(model: str, run: dict) -> dict:
         result = {
             "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
             "ranks": ranks,
-            "spec": _spec_counters(llm) if speculative else {},
+            "spec": spec_counters(llm) if speculative else {},
             "seconds": {"start": round(t1 - t0, 1), "generate": round(t2 - t1, 1)},
         }
         del llm
