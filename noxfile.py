@@ -5,10 +5,10 @@
     nox -r -s matrix                       # reuse the cells' environments
     nox -s compat_docs                     # regenerate docs/compatibility.md only
 
-The cells are declared in ``accel_plugin/compatibility.py`` (``CELLS``). Each session
+The cells are declared in ``accel_plugin/diagnostics/compatibility.py`` (``CELLS``). Each session
 builds its own environment with the cell's pins, runs the cell's checks with pytest,
 reads the versions back from the environment, and records the result in
-``accel_plugin/compat_results.json``; docs/compatibility.md is then regenerated from
+``accel_plugin/diagnostics/compat_results.json``; docs/compatibility.md is then regenerated from
 all records. A cell that fails still records its failure, then fails the session.
 
 Run it with the project's venv (``make setup``): ``.venv/bin/nox -s matrix``.
@@ -29,8 +29,8 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from accel_plugin.compatibility import CELLS, Record, load_records, render, save_record  # noqa: E402
-from accel_plugin.compatibility import cell as get_cell  # noqa: E402
+from accel_plugin.diagnostics.compatibility import CELLS, Record, load_records, render, save_record  # noqa: E402
+from accel_plugin.diagnostics.compatibility import cell as get_cell  # noqa: E402
 
 nox.options.sessions = ["matrix"]
 nox.options.default_venv_backend = "venv"

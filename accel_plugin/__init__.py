@@ -7,8 +7,8 @@ framework. See docs/index.md.
 
 from __future__ import annotations
 
-from .hookspecs import AdapterComponents, SelectionContext, hookimpl, hookspec
-from .registry import BackendSpec, Capabilities, ProposerSpec, UnknownNameError
+from .plugins.hookspecs import AdapterComponents, SelectionContext, hookimpl, hookspec
+from .plugins.registry import BackendSpec, Capabilities, ProposerSpec, UnknownNameError
 
 __version__ = "0.1.0"
 

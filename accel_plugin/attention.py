@@ -166,7 +166,7 @@ def plan_batch(
 class _AccelAttention:
     """Shared state and the paged path; subclasses choose the kernel per request."""
 
-    #: name under which frameworks register this backend (see accel_plugin.builtin)
+    #: name under which frameworks register this backend (see accel_plugin.plugins.builtin)
     name: ClassVar[str]
     #: whether prompts without cached context go to the flash kernel
     split_fresh_prompts: ClassVar[bool]

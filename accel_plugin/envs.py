@@ -124,7 +124,7 @@ def _directory(name: str, raw: str | None, expand: bool = False) -> str | None:
 def models_dir(environ: Mapping[str, str] | None = None) -> str | None:
     """ACCEL_MODELS_DIR: the cache of ``accel models get``; ``None`` when unset or empty.
 
-    The default location is chosen by :func:`accel_plugin.model_store.models_dir`.
+    The default location is chosen by :func:`accel_plugin.models.store.models_dir`.
     """
     return _directory(ACCEL_MODELS_DIR, _env(environ).get(ACCEL_MODELS_DIR))
 
@@ -177,7 +177,7 @@ def metrics_log_interval(environ: Mapping[str, str] | None = None) -> float:
 
 def metrics_dir(environ: Mapping[str, str] | None = None) -> str | None:
     """ACCEL_METRICS_DIR: the directory of the metric files; ``None`` when unset or empty
-    (accel_plugin.metrics then makes one)."""
+    (accel_plugin.observability.metrics then makes one)."""
     return _directory(ACCEL_METRICS_DIR, _env(environ).get(ACCEL_METRICS_DIR), expand=True)
 
 

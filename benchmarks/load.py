@@ -478,7 +478,7 @@ def main(argv=None) -> int:
 
     template = None
     if args.model is None:
-        from accel_plugin import model_store
+        from accel_plugin.models import store as model_store
 
         args.model = model_store.cached_path("smollm2")
         if args.model is None:

@@ -124,7 +124,7 @@ def main() -> None:
     args = parser.parse_args()
     if not _tgi_python().exists():
         sys.exit(f"needs a TGI environment: {_tgi_python()} not found (set ACCEL_TGI_PYTHON; see docs/tgi.md)")
-    from accel_plugin import model_store
+    from accel_plugin.models import store as model_store
 
     target = model_store.cached_path("smollm2")
     if target is None:

@@ -17,7 +17,7 @@ must say what was replaced.
 
 Models: a tiny Llama (accel_plugin.testing.tiny_models ``gqa-d64``, head size 64,
 GQA 4/2, built in the TGI environment) and SmolLM2-135M-Instruct (30 layers, GQA
-9/3, from accel_plugin.model_store; skipped when not cached). On CPU the kernels run
+9/3, from accel_plugin.models.store; skipped when not cached). On CPU the kernels run
 their pure-torch reference, except in the gRPC test: ``text-generation-server
 serve`` with ``TRITON_INTERPRET=1`` on the tiny model runs the Triton kernels in the
 interpreter.
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from accel_plugin import model_store
+from accel_plugin.models import store as model_store
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TGI_PYTHON = Path(os.environ.get("ACCEL_TGI_PYTHON", "~/.cache/accel-plugin/venvs/tgi-3.3.7/bin/python")).expanduser()

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from accel_plugin import model_store
+from accel_plugin.models import store as model_store
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("_tgi_attention_test", HERE / "test_tgi_attention.py")

@@ -30,7 +30,7 @@ def test_one_plugin_manager_per_process():
     """register(), the backend classes and the proposer share one manager: entry points load once."""
     out = _run("""
         import json
-        from accel_plugin import manager
+        from accel_plugin.plugins import manager
         loads = []
         real = manager._installed_entry_points
         manager._installed_entry_points = lambda: loads.append(1) or real()

@@ -1,6 +1,6 @@
 """accel attention backends inside real vLLM (CPU build) on a real model no one here
 wrote: SmolLM2-135M-Instruct (Llama, 30 layers, 9 query / 3 KV heads, head_dim 64,
-float32), from ``accel_plugin.model_store`` (``make models`` fetches it; the tests
+float32), from ``accel_plugin.models.store`` (``make models`` fetches it; the tests
 skip when it is not in the cache and never download).
 
 Greedy generation (``ignore_eos``) of chat-templated prompts in one batch, three
@@ -32,7 +32,7 @@ import re
 
 import pytest
 
-from accel_plugin import model_store
+from accel_plugin.models import store as model_store
 
 pytestmark = pytest.mark.vllm
 

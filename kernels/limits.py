@@ -1,7 +1,7 @@
 """What the kernels accept, as plain data (no imports).
 
 The one place these numbers live: :mod:`._validation` enforces them, and
-``accel_plugin.builtin`` declares them as the backends' capabilities, reading
+``accel_plugin.plugins.builtin`` declares them as the backends' capabilities, reading
 this module without importing torch or triton.
 """
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Regenerate docs/compatibility.md from the recorded matrix results
-(accel_plugin/compat_results.json, written by `nox -s matrix`). `--check` exits 1,
+(accel_plugin/diagnostics/compat_results.json, written by `nox -s matrix`). `--check` exits 1,
 changing nothing, when the page is out of date."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from accel_plugin.compatibility import render  # noqa: E402
+from accel_plugin.diagnostics.compatibility import render  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

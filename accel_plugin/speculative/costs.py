@@ -35,7 +35,7 @@ import logging
 from collections import deque
 from collections.abc import Iterable
 
-from ..config import ControllerConfig
+from .draft_config.schema import ControllerConfig
 
 __all__ = ["StepCosts", "batch_bucket"]
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..model_dirs import ModelDirError, check_model_dir
+from ..models.dirs import ModelDirError, check_model_dir
 from .draft_format import DraftFormatError, load_tensors
 from .host_memory import release_freed_memory
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..config import DraftConfig
+from .draft_config.schema import DraftConfig
 from .controller import DomainController, DomainStats
 from .draft_engine import DraftCache, DraftEngine, DraftJob
 from .router import DomainRouter

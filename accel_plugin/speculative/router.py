@@ -2,7 +2,7 @@
 
 Domains are tried in the order of the YAML file; the first whose keywords or
 regular expressions match the prompt wins. A prompt that matches no domain belongs
-to :data:`~accel_plugin.config.DEFAULT_DOMAIN`.
+to :data:`~accel_plugin.speculative.draft_config.schema.DEFAULT_DOMAIN`.
 
 Keywords match as whole words, case-insensitively (``refund`` matches "Refund
 please" and "my refund.", not "refunded"); regexes are searched as written (add
@@ -10,7 +10,7 @@ please" and "my refund.", not "refunded"); regexes are searched as written (add
 line).
 
 Routing runs on every new request, so its cost is bounded whatever the YAML says:
-regexes run on RE2 (:func:`~accel_plugin.config.compile_regex`: linear time, no
+regexes run on RE2 (:func:`~accel_plugin.speculative.draft_config.schema.compile_regex`: linear time, no
 backtracking; ``\\w``, ``\\d``, ``\\s`` and ``\\b`` are ASCII there, ``\\pL`` is any
 letter), keywords are escaped literals (no backtracking either), and only the
 first :data:`MAX_ROUTED_CHARS` characters of a prompt are matched.
@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import DEFAULT_DOMAIN, DraftConfig, compile_regex
+from .draft_config.schema import DEFAULT_DOMAIN, DraftConfig, compile_regex
 
 __all__ = ["MAX_ROUTED_CHARS", "DomainRouter", "DomainRule"]
 

@@ -4,7 +4,7 @@
   typed, validated settings (defaults and valid values are the commands');
 - :mod:`.prompts`: prompt files (one prompt per line, or JSONL with a ``domain``);
 - :mod:`.models`: loading target/draft directories and checking they fit together
-  (the checks themselves: :mod:`accel_plugin.model_dirs`);
+  (the checks themselves: :mod:`accel_plugin.models.dirs`);
 - :mod:`.acceptance`: greedy acceptance simulation (per position, overall, mean
   acceptance length), draft/target step costs, expected and simulated speedup;
 - :mod:`.distill`: distilling a draft toward a target on a domain's prompts, with

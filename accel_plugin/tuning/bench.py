@@ -38,8 +38,8 @@ __all__ = ["bench_acceptance", "format_table", "plot_speedup", "run_acceptance"]
 def run_acceptance(settings: BenchSettings) -> dict:
     """Check the inputs, run :func:`bench_acceptance`, draw the plot; returns the report
     (with ``plot``: the PNG's path, when one was asked for). Raises :class:`TuningError`."""
-    from ..config import DraftConfigError, load_draft_config
-    from .models import check_model_dir
+    from ..speculative.draft_config.schema import DraftConfigError, load_draft_config
+    from .loaders import check_model_dir
     from .prompts import read_prompts
 
     if not Path(settings.config).is_file():
@@ -72,9 +72,9 @@ def run_acceptance(settings: BenchSettings) -> dict:
 def bench_acceptance(config, target_dir: Path, prompts: list[Prompt], *, gen_tokens: int = 64,
                      max_prompts: int | None = None, target_step_ms: float | None = None,
                      k_max: int | None = None, progress=None, chat: bool = False) -> dict:
-    """Run the benchmark; ``config`` is a loaded :class:`~accel_plugin.config.DraftConfig`."""
+    """Run the benchmark; ``config`` is a loaded :class:`~accel_plugin.speculative.draft_config.schema.DraftConfig`."""
     from ..speculative.router import DomainRouter
-    from .models import check_model_dir, check_same_vocabulary, load_draft_model, load_lm, load_tokenizer
+    from .loaders import check_model_dir, check_same_vocabulary, load_draft_model, load_lm, load_tokenizer
 
     router = DomainRouter.from_config(config)
     drafts = config.drafts()

@@ -36,7 +36,7 @@ def _measure(draft, cache: list[tuple[list[int], list[int]]], k: int):
 
 
 def _check_paths(settings: TuneSettings) -> tuple[Path, Path, Path]:
-    from .models import check_model_dir, check_same_vocabulary
+    from .loaders import check_model_dir, check_same_vocabulary
 
     target = check_model_dir(settings.target, "--target", need_tokenizer=True)
     draft = check_model_dir(settings.draft, "--draft") if settings.draft else None
@@ -81,7 +81,7 @@ def tune(settings: TuneSettings) -> dict:
     from .acceptance import greedy_continuations
     from .distill import DistillSettings, build_dataset, distill
     from .draft_lm import draft_from_target, head_vocab_from_counts
-    from .models import load_draft_model, load_lm, load_tokenizer
+    from .loaders import load_draft_model, load_lm, load_tokenizer
     from .prompts import read_prompts, split_holdout
 
     target_dir, draft_dir, out = _check_paths(settings)

@@ -11,9 +11,9 @@ change to TGI or its launcher but an import hook:
 2. When TGI imports ``text_generation_server.layers.attention``, the hook calls
    :func:`activate`: it validates the variable (:mod:`accel_plugin.envs`), TGI's
    ``ATTENTION`` (``paged`` or ``flashdecoding-ipex``) and TGI's function signatures,
-   builds the process's accel plugins once (:func:`accel_plugin.manager.process_plugins`),
+   builds the process's accel plugins once (:func:`accel_plugin.plugins.manager.process_plugins`),
    asks them what they offer to ``"tgi"`` and selects the backend
-   (:func:`accel_plugin.selection.select_attention_backend`). A refusal raises, so
+   (:func:`accel_plugin.plugins.selection.select_attention_backend`). A refusal raises, so
    TGI does not start with an attention it was not asked for; the message names the
    supported values and the way back (unset the variable).
 3. It then applies :data:`._patches.ATTENTION_PATCHES` (the ledger is in
@@ -69,8 +69,8 @@ def activate(setting: str | None = None) -> str | None:
     """
     from accel_plugin import envs
     from accel_plugin.attention import UnsupportedAttentionConfig
-    from accel_plugin.manager import process_plugins
-    from accel_plugin.selection import SelectionContext, select_attention_backend
+    from accel_plugin.plugins.manager import process_plugins
+    from accel_plugin.plugins.selection import SelectionContext, select_attention_backend
 
     if setting is None:
         setting = envs.attention_backend()

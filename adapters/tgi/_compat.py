@@ -72,8 +72,8 @@ REMEDY = ("install TGI v3.3.7's server (text-generation-server 2.0.5.dev0), or u
 
 def check_version(version: str | None = None) -> None:
     """Refuse a TGI server outside :data:`SUPPORTED_VERSIONS`
-    (:class:`~accel_plugin.compatibility.UnsupportedFrameworkVersion`, naming the range)."""
-    from accel_plugin.compatibility import check_framework_version
+    (:class:`~accel_plugin.versions.UnsupportedFrameworkVersion`, naming the range)."""
+    from accel_plugin.versions import check_framework_version
 
     check_framework_version("TGI's server (text-generation-server)", TGI_VERSION if version is None else version,
                             SUPPORTED_VERSIONS, tested=TESTED_VERSIONS, remedy=REMEDY)

@@ -97,7 +97,7 @@ def _impl(settings: Settings, query: torch.Tensor, num_kv_heads: int, scale: flo
     impl = settings.impls.get(key)
     if impl is not None:
         return impl
-    from accel_plugin.manager import process_plugins
+    from accel_plugin.plugins.manager import process_plugins
 
     spec = process_plugins().registries.backends.get(settings.backend)
     reasons = spec.capabilities.check(

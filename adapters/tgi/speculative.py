@@ -203,7 +203,7 @@ def _yaml_line(path: str | Path, key: str) -> int | None:
 
 def _core_proposer() -> tuple[str, type]:
     """(name, class) of the proposer the accel plugins offer to TGI (the registry's)."""
-    from accel_plugin.manager import NoProposerError, process_plugins
+    from accel_plugin.plugins.manager import NoProposerError, process_plugins
 
     from . import FRAMEWORK
 
@@ -360,18 +360,13 @@ def attach(model, config_path: str | None = None) -> TGIDraftSpeculation | None:
     """Build the domain proposer for a TGI ``FlashCausalLM`` (``None`` without a config).
 
     ``config_path`` defaults to ``ACCEL_DRAFT_CONFIG``. Raises
-    :class:`accel_plugin.config.DraftConfigError` (the YAML, against the target) or
+    :class:`accel_plugin.speculative.draft_config.schema.DraftConfigError` (the YAML, against the target) or
     :class:`SpeculationConfigError` (TGI's settings: ``--speculate``, the model kind).
     Applies the generate_token patch, and the ``Seqlen.max_k`` workaround while
     TGI's own attention is in use (see :mod:`._patches`).
     """
     from accel_plugin import envs
-    from accel_plugin.config import (
-        ConfigIssue,
-        DraftConfigError,
-        check_against_target,
-        load_draft_config,
-    )
+    from accel_plugin.speculative.draft_config.schema import ConfigIssue, DraftConfigError, check_against_target, load_draft_config
 
     from . import _compat, _patches
 

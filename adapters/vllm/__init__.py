@@ -5,7 +5,7 @@ every process it starts (API server, engine core, workers). vLLM is imported laz
 inside the functions, so importing this module stays cheap.
 
 :func:`register` builds the process's accel plugins once
-(:func:`accel_plugin.manager.process_plugins`); the backend classes and the
+(:func:`accel_plugin.plugins.manager.process_plugins`); the backend classes and the
 proposer reuse them. It asks them what to install for ``vllm``
 (``accel_adapter_components``) and installs, in the order of the patch ledger
 (:mod:`._patches`; docs/vllm.md has the user's view):
@@ -77,7 +77,7 @@ def _env_choice(logger, plugins, installable: list[str]) -> tuple[str | None, st
 
     ``auto`` only considers ``installable``: backends this adapter has vLLM classes for.
     """
-    from accel_plugin.selection import SelectionContext, select_attention_backend
+    from accel_plugin.plugins.selection import SelectionContext, select_attention_backend
 
     from . import _compat
 
@@ -139,7 +139,7 @@ def _version_supported(logger) -> bool:
     ``ACCEL_DRAFT_CONFIG``, start-up stops with the range in the message; otherwise
     (nothing asked of accel-plugin) a warning, and the plugin installs nothing.
     """
-    from accel_plugin.compatibility import UnsupportedFrameworkVersion
+    from accel_plugin.versions import UnsupportedFrameworkVersion
 
     try:
         from . import _compat  # noqa: F401  (checks the version before anything else)
@@ -164,7 +164,7 @@ def _check_settings(environ=None) -> None:
         raise AccelStartupError("; ".join(map(str, errors)))
     path = envs.draft_config_path(environ)
     if path is not None:
-        from accel_plugin.config import DraftConfigError, load_draft_config
+        from accel_plugin.speculative.draft_config.schema import DraftConfigError, load_draft_config
 
         try:
             load_draft_config(path)
@@ -200,7 +200,7 @@ def register() -> None:
         return
     _check_settings()
     try:
-        from accel_plugin.manager import process_plugins
+        from accel_plugin.plugins.manager import process_plugins
 
         # Built once per process; the backends and the proposer reuse it.
         plugins = process_plugins()

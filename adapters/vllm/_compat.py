@@ -33,7 +33,7 @@ The versions this adapter supports are :data:`SUPPORTED_VERSIONS`, the ones the
 compatibility matrix ran (docs/compatibility.md; a test keeps the two in step).
 Importing this module checks the installed vLLM against them *before* importing
 any of the seams below, and raises
-:class:`~accel_plugin.compatibility.UnsupportedFrameworkVersion` with the range:
+:class:`~accel_plugin.versions.UnsupportedFrameworkVersion` with the range:
 an older or newer vLLM is refused, never half-working.
 
 Importing this module imports vLLM; import it lazily.
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from vllm import __version__ as VLLM_VERSION
 
-from accel_plugin.compatibility import check_framework_version
+from accel_plugin.versions import check_framework_version
 
 #: The vLLM releases this adapter supports (PEP 440), and the ones the matrix ran.
 SUPPORTED_VERSIONS = ">=0.30,<0.33"

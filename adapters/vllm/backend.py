@@ -25,7 +25,7 @@ from typing import ClassVar
 import torch
 
 from accel_plugin.attention import AttentionBatch, UnsupportedAttentionConfig
-from accel_plugin.builtin import ACCEL_FLASH, ACCEL_PAGED
+from accel_plugin.plugins.builtin import ACCEL_FLASH, ACCEL_PAGED
 
 from . import _compat
 from ._compat import (
@@ -64,7 +64,7 @@ def fallback_hint(name: str) -> str:
 def _spec(name: str):
     """The accel registry's spec of ``name``, from this process's one plugin manager
     (built by :func:`accel_plugin.adapters.vllm.register`)."""
-    from accel_plugin.manager import process_plugins
+    from accel_plugin.plugins.manager import process_plugins
 
     return process_plugins().registries.backends.get(name)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from accel_plugin.hookspecs import hookimpl
+from accel_plugin.plugins.hookspecs import hookimpl
 
 from . import FRAMEWORK
 

@@ -77,7 +77,7 @@ class SpeculationStatsExtension:
 def _core_proposer() -> tuple[str, type]:
     """(name, class) of the proposer the accel plugins offer to vLLM, from this
     process's registry (the one :func:`accel_plugin.adapters.vllm.register` built)."""
-    from accel_plugin.manager import process_plugins
+    from accel_plugin.plugins.manager import process_plugins
 
     from . import FRAMEWORK
 
@@ -90,14 +90,14 @@ class DomainDraftProposer:
     def __init__(self, vllm_config: Any):
         from accel_plugin import envs
 
-        from accel_plugin.compatibility import UnsupportedFrameworkVersion
+        from accel_plugin.versions import UnsupportedFrameworkVersion
 
         from . import _compat  # refuses a vLLM outside SUPPORTED_VERSIONS
 
         refusal = _compat.speculation_refusal()
         if refusal is not None:  # at start-up, not at the first verification step
             raise UnsupportedFrameworkVersion(f"accel-plugin's domain proposer cannot run here: {refusal}")
-        from accel_plugin.config import ConfigIssue, DraftConfigError, check_against_target, load_draft_config
+        from accel_plugin.speculative.draft_config.schema import ConfigIssue, DraftConfigError, check_against_target, load_draft_config
 
         path = envs.draft_config_path()
         if path is None:

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="where tune-draft writes checkpoints and datasets (default: %(default)s)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
-    from accel_plugin.model_store import get_model
+    from accel_plugin.models.store import get_model
 
     target = get_model("smollm2", progress=print)
     for name in args.only or DRAFTS:

@@ -25,7 +25,7 @@ import os
 import time
 
 from accel_plugin import hookimpl
-from accel_plugin.registry import ProposerSpec
+from accel_plugin.plugins.registry import ProposerSpec
 from accel_plugin.speculative import DomainProposer
 
 ENV = "ACCEL_TEST_FAULTS"

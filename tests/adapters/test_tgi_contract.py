@@ -381,7 +381,7 @@ def test_refuses_unsupported_head_sizes(fake_tgi):
 
 @pytest.mark.parametrize("version", ["2.0.4", "3.0.0", "unknown"])
 def test_unsupported_tgi_version_is_refused_naming_the_range(fake_tgi, version):
-    from accel_plugin.compatibility import UnsupportedFrameworkVersion
+    from accel_plugin.versions import UnsupportedFrameworkVersion
 
     fake_tgi(version=version)
     tgi.install_import_hook()

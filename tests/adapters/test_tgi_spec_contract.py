@@ -38,7 +38,7 @@ from accel_plugin.adapters import tgi
 from accel_plugin.adapters.tgi import _compat, _patches, _startup, speculative
 
 from accel_plugin import envs
-from accel_plugin.config import DraftConfigError
+from accel_plugin.speculative.draft_config.schema import DraftConfigError
 
 _spec = importlib.util.spec_from_file_location("_tgi_attention_contract", Path(__file__).with_name("test_tgi_contract.py"))
 _attention_contract = importlib.util.module_from_spec(_spec)

@@ -63,7 +63,7 @@ SCRIPT = textwrap.dedent("""
     logging.getLogger("vllm.accel_plugin").setLevel(logging.INFO)
     import accel_plugin.adapters.vllm as adapter
     import accel_plugin.adapters.vllm.metrics as adapter_metrics
-    import accel_plugin.selection as selection
+    import accel_plugin.plugins.selection as selection
     from accel_plugin.adapters.vllm import _compat, _patches
 
     platform_cls = type(_compat.current_platform())

@@ -307,7 +307,7 @@ def test_a_worker_that_died_is_reported_when_sent_work():
 
 def test_without_an_adapter_answering_the_demo_stops_with_a_message(tmp_path, capsys, monkeypatch):
     """The core reaches vLLM's runner only through the accel_demo_harness hook."""
-    from accel_plugin import manager
+    from accel_plugin.plugins import manager
     from accel_plugin.cli import main
 
     real = manager.load_plugins

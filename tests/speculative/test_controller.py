@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accel_plugin.config import ControllerConfig
+from accel_plugin.speculative.draft_config.schema import ControllerConfig
 from accel_plugin.speculative import controller as controller_module
 from accel_plugin.speculative.controller import AcceptanceWindow, DomainController, DomainState
 from accel_plugin.speculative.speedup import best_k, expected_speedup, expected_tokens

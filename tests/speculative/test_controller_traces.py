@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from accel_plugin.config import ControllerConfig
+from accel_plugin.speculative.draft_config.schema import ControllerConfig
 from accel_plugin.speculative.controller import DomainController, DomainState, batch_bucket
 from accel_plugin.speculative.speedup import best_k, expected_speedup
 

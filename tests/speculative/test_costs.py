@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from accel_plugin.config import ControllerConfig
+from accel_plugin.speculative.draft_config.schema import ControllerConfig
 from accel_plugin.speculative.costs import StepCosts, batch_bucket
 
 DRAFT = "/draft"

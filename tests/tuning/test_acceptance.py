@@ -61,7 +61,7 @@ def test_break_even_alpha(c):
 
 def test_draft_equal_to_target_is_always_accepted(tmp_path_factory):
     from accel_plugin.testing.tiny_models import build_tiny_model
-    from accel_plugin.tuning.models import load_lm
+    from accel_plugin.tuning.loaders import load_lm
 
     model = load_lm(build_tiny_model("mha-d32", tmp_path_factory.getbasetemp() / "tuning-models"))
     prompt = [5, 17, 42, 9]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from accel_plugin.model_store import cached_path
+from accel_plugin.models.store import cached_path
 
 FAMILY = Path(__file__).resolve().parents[2] / "demo_models" / "smollm2"
 DOMAINS = ("support", "code", "general")

@@ -1,9 +1,9 @@
 import pytest
 
 from accel_plugin import envs, hookimpl
-from accel_plugin.hookspecs import SelectionContext
-from accel_plugin.manager import get_plugin_manager, get_registries
-from accel_plugin.selection import select_attention_backend
+from accel_plugin.plugins.hookspecs import SelectionContext
+from accel_plugin.plugins.manager import get_plugin_manager, get_registries
+from accel_plugin.plugins.selection import select_attention_backend
 
 
 def ctx(**kw):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pluggy
 
-from . import envs
+from .. import envs
 from .builtin import SETTING_TO_BACKEND
 from .hookspecs import SelectionContext
 from .manager import Registries, get_plugin_manager, get_registries

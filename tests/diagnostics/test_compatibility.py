@@ -8,19 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from accel_plugin import compatibility as compat
-from accel_plugin.compatibility import (
-    CELLS,
-    Record,
-    UnsupportedFrameworkVersion,
-    check_framework_version,
-    environment_row,
-    load_records,
-    render,
-    save_record,
-)
+from accel_plugin.diagnostics import compatibility as compat
+from accel_plugin.diagnostics.compatibility import CELLS, Record, environment_row, load_records, render, save_record
+from accel_plugin.versions import UnsupportedFrameworkVersion, check_framework_version
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs/compatibility.md"
 
 
@@ -39,7 +31,7 @@ def _constant(path: Path, name: str):
 def test_page_is_generated_from_the_records():
     assert PAGE.exists(), "docs/compatibility.md is missing: python scripts/compat_docs.py"
     assert PAGE.read_text() == render(), (
-        "docs/compatibility.md disagrees with accel_plugin/compat_results.json; regenerate it with "
+        "docs/compatibility.md disagrees with accel_plugin/diagnostics/compat_results.json; regenerate it with "
         "`python scripts/compat_docs.py` (never edit it by hand)")
 
 

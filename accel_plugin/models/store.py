@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import envs
+from .. import envs
 
 __all__ = [
     "MODELS",

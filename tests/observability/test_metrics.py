@@ -11,9 +11,10 @@ import pytest
 
 prometheus_client = pytest.importorskip("prometheus_client", reason="metrics need prometheus_client")
 
-from accel_plugin import envs, metrics
-from accel_plugin.kvcache import PagedAllocator, Request, paged_usage, simulate
-from accel_plugin.metrics import METRICS, FileCollector, LiveMetrics, MetricsSink, read_metrics
+from accel_plugin import envs
+from accel_plugin.observability import metrics
+from accel_plugin.observability.kv import PagedAllocator, Request, paged_usage, simulate
+from accel_plugin.observability.metrics import METRICS, FileCollector, LiveMetrics, MetricsSink, read_metrics
 from accel_plugin.speculative.controller import DomainStats
 
 BASE = ("tiny", "0")
@@ -266,7 +267,7 @@ def test_metrics_off(fresh_process, raw):
 
 def test_without_prometheus_client_metrics_are_off(fresh_process, monkeypatch, caplog):
     monkeypatch.setattr(metrics, "_prometheus", lambda: None)
-    with caplog.at_level("DEBUG", logger="accel_plugin.metrics"):
+    with caplog.at_level("DEBUG", logger="accel_plugin.observability.metrics"):
         assert metrics.setup_process({}) is None
     assert "prometheus_client is not installed" in caplog.text
 
@@ -310,6 +311,6 @@ def test_metric_names():
 def test_every_metric_is_documented():
     from pathlib import Path
 
-    text = (Path(__file__).parents[1] / "docs" / "observability.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text()
     missing = [name for name in METRICS if f"`{name}`" not in text]
     assert not missing, f"metrics missing from docs/observability.md: {missing}"

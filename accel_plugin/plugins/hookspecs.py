@@ -2,7 +2,7 @@
 
 Plugins implement these with ``@accel_plugin.hookimpl``. Our own kernels, proposers
 and adapters register through the same hooks as a third-party plugin would (see
-:data:`accel_plugin.manager.DEFAULT_PLUGINS`). A third-party package exposes its
+:data:`accel_plugin.plugins.manager.DEFAULT_PLUGINS`). A third-party package exposes its
 plugin module with an entry point in the group ``accel_plugin``::
 
     [project.entry-points.accel_plugin]
@@ -66,7 +66,7 @@ class AdapterComponents:
 def accel_register_attention_backends(registry: BackendRegistry) -> None:
     """Add attention backends to ``registry`` (``registry.register(BackendSpec(...))``).
 
-    Called once per plugin manager, when :func:`accel_plugin.manager.get_registries`
+    Called once per plugin manager, when :func:`accel_plugin.plugins.manager.get_registries`
     first builds the registries. Return value is ignored. Registering a name that
     another plugin registered already raises ``DuplicateNameError``.
     """

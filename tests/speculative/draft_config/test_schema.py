@@ -1,4 +1,4 @@
-"""accel_plugin.config: the draft YAML, every start-up error, with key and line."""
+"""accel_plugin.speculative.draft_config.schema: the draft YAML, every start-up error, with key and line."""
 
 from __future__ import annotations
 
@@ -8,13 +8,7 @@ import textwrap
 
 import pytest
 
-from accel_plugin.config import (
-    DEFAULT_DOMAIN,
-    DraftConfigError,
-    check_against_target,
-    load_draft_config,
-    parse_draft_config,
-)
+from accel_plugin.speculative.draft_config.schema import DEFAULT_DOMAIN, DraftConfigError, check_against_target, load_draft_config, parse_draft_config
 
 
 @pytest.fixture(scope="module")
@@ -276,7 +270,7 @@ def test_regex_re2_cannot_run_is_refused_with_pattern_line_and_syntax(tmp_path, 
 
 
 def test_regex_length_is_capped(tmp_path):
-    from accel_plugin.config import MAX_REGEX_CHARS
+    from accel_plugin.speculative.draft_config.schema import MAX_REGEX_CHARS
 
     long = "a" * (MAX_REGEX_CHARS + 1)
     path = write(tmp_path, f"num_speculative_tokens: 3\ndomains:\n  a:\n    draft: x\n    match: {{regex: ['{long}']}}\n")
@@ -340,7 +334,7 @@ def _repo_yaml_examples() -> list[tuple[str, str]]:
     import re
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[3]
     out = [(str(f), f.read_text()) for d in ("demo_models", "examples", "demo") for f in sorted((root / d).rglob("*.y*ml"))]
     for doc in sorted((root / "docs").glob("*.md")):
         for i, block in enumerate(re.findall(r"```yaml\n(.*?)```", doc.read_text(), re.DOTALL)):
@@ -407,7 +401,7 @@ def test_missing_absolute_draft_names_what_was_tried(tmp_path, models):
 
 @pytest.mark.parametrize(("yaml_trust", "target_trust"), [(True, False), (False, True), (False, False)])
 def test_trust_remote_code_of_the_yaml_applies_to_drafts_only(tmp_path, models, monkeypatch, yaml_trust, target_trust):
-    from accel_plugin import model_dirs
+    from accel_plugin.models import dirs as model_dirs
 
     calls = []
     real = model_dirs.read_vocab
@@ -424,7 +418,7 @@ def test_trust_remote_code_of_the_yaml_applies_to_drafts_only(tmp_path, models, 
 
 
 def test_target_trust_defaults_to_no_remote_code(tmp_path, models, monkeypatch):
-    from accel_plugin import model_dirs
+    from accel_plugin.models import dirs as model_dirs
 
     flags = []
     monkeypatch.setattr(model_dirs, "read_vocab", lambda d, *, trust_remote_code=False: flags.append(trust_remote_code))

@@ -3,7 +3,7 @@
 Nothing is built at import. :func:`get_plugin_manager` builds a
 ``pluggy.PluginManager`` with
 
-1. the hook specifications of :mod:`accel_plugin.hookspecs`,
+1. the hook specifications of :mod:`accel_plugin.plugins.hookspecs`,
 2. the default plugins (:data:`DEFAULT_PLUGINS`: our own backends and proposers,
    which register through the same hooks as anyone else),
 3. the entry points of group ``accel_plugin``. Those of accel-plugin's own
@@ -33,7 +33,8 @@ from importlib.metadata import entry_points
 
 import pluggy
 
-from . import envs, hookspecs
+from .. import envs
+from . import hookspecs
 from .hookspecs import AdapterComponents
 from .registry import BackendRegistry, ProposerRegistry
 
@@ -60,7 +61,7 @@ OWN_DISTRIBUTION = "accel-plugin"
 
 #: Modules holding our own hook implementations, registered under these names.
 DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (
-    ("accel.builtin", "accel_plugin.builtin"),
+    ("accel.builtin", "accel_plugin.plugins.builtin"),
 )
 
 

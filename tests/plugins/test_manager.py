@@ -4,7 +4,7 @@ import pluggy
 import pytest
 
 from accel_plugin import envs
-from accel_plugin.manager import PluginLoadError, get_plugin_manager, get_registries, plugin_names
+from accel_plugin.plugins.manager import PluginLoadError, get_plugin_manager, get_registries, plugin_names
 
 
 def test_default_plugins_register_through_the_hooks():
@@ -56,13 +56,13 @@ def test_plugin_that_fails_to_import_is_reported(plugin_distribution):
 
 def test_trace_logs_hook_calls(caplog):
     pm = get_plugin_manager({envs.ACCEL_TRACE: "1"})
-    with caplog.at_level(logging.DEBUG, logger="accel_plugin.manager"):
+    with caplog.at_level(logging.DEBUG, logger="accel_plugin.plugins.manager"):
         get_registries(pm)
     assert any("accel_register_attention_backends" in r.getMessage() for r in caplog.records)
 
 
 def test_manager_is_not_built_at_import():
-    import accel_plugin.manager as manager
+    import accel_plugin.plugins.manager as manager
 
     assert not any(isinstance(v, pluggy.PluginManager) for v in vars(manager).values())
 
@@ -79,7 +79,7 @@ def test_own_adapter_hooks_always_load_and_answer_for_their_framework():
 
 
 def test_process_plugins_are_built_once(monkeypatch):
-    import accel_plugin.manager as manager
+    import accel_plugin.plugins.manager as manager
 
     loads = []
     real = manager._installed_entry_points
@@ -95,8 +95,8 @@ def test_process_plugins_are_built_once(monkeypatch):
 
 
 def test_components_must_name_registered_proposers_for_the_framework(plugin_distribution):
-    from accel_plugin.manager import load_plugins
-    from accel_plugin.registry import UnknownNameError
+    from accel_plugin.plugins.manager import load_plugins
+    from accel_plugin.plugins.registry import UnknownNameError
 
     plugin_distribution("offers_unknown", (
         "from accel_plugin import hookimpl\n"
@@ -109,7 +109,7 @@ def test_components_must_name_registered_proposers_for_the_framework(plugin_dist
 
 
 def test_components_refuse_a_proposer_not_made_for_the_framework():
-    from accel_plugin.manager import load_plugins
+    from accel_plugin.plugins.manager import load_plugins
 
     from accel_plugin import hookimpl
 
@@ -130,7 +130,7 @@ def test_components_refuse_a_proposer_not_made_for_the_framework():
 
 
 def test_an_adapter_gets_its_proposer_from_the_registry_or_a_clear_error():
-    from accel_plugin.manager import NoProposerError, load_plugins
+    from accel_plugin.plugins.manager import NoProposerError, load_plugins
     from accel_plugin.speculative import DomainProposer
 
     plugins = load_plugins({})

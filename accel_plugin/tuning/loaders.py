@@ -1,6 +1,6 @@
 """Target and draft model directories for tuning: checks that name the flag, and loading.
 
-The checks themselves live in :mod:`accel_plugin.model_dirs` (shared with the
+The checks themselves live in :mod:`accel_plugin.models.dirs` (shared with the
 draft YAML); here their message is prefixed with the command-line flag that named
 the directory and raised as :class:`~accel_plugin.tuning.TuningError`.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import model_dirs
+from ..models import dirs as model_dirs
 from . import TuningError
 
 __all__ = ["check_model_dir", "check_same_vocabulary", "load_draft_model", "load_lm", "load_tokenizer"]

@@ -9,7 +9,7 @@ neither torch nor triton). The proposer is the framework-neutral
 from __future__ import annotations
 
 from .hookspecs import AdapterComponents, hookimpl
-from .kernels import limits
+from ..kernels import limits
 from .registry import BackendRegistry, BackendSpec, Capabilities, ProposerRegistry, ProposerSpec
 
 ACCEL_FLASH = "ACCEL_FLASH"

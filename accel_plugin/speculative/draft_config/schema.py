@@ -54,7 +54,7 @@ from pydantic import (
     model_validator,
 )
 
-from .model_dirs import SUPPORTED_ARCHITECTURES, ModelDirError, TargetVocabulary, check_draft_dir
+from ...models.dirs import SUPPORTED_ARCHITECTURES, ModelDirError, TargetVocabulary, check_draft_dir
 
 __all__ = [
     "DEFAULT_DOMAIN",

@@ -1,7 +1,7 @@
 """Our backends' declared capabilities match what the kernels accept."""
 
-from accel_plugin import builtin
-from accel_plugin.manager import get_plugin_manager, get_registries
+from accel_plugin.plugins import builtin
+from accel_plugin.plugins.manager import get_plugin_manager, get_registries
 
 
 def test_capabilities_match_the_kernels():
@@ -14,7 +14,7 @@ def test_capabilities_match_the_kernels():
 
 
 def test_builtin_plugin_offers_both_backends_to_the_adapters():
-    from accel_plugin.hookspecs import AdapterComponents
+    from accel_plugin.plugins.hookspecs import AdapterComponents
 
     pm = get_plugin_manager({})
     registries = get_registries(pm)
@@ -52,7 +52,7 @@ def test_reading_the_limits_imports_neither_torch_nor_triton():
     import subprocess
     import sys
 
-    code = ("import sys; import accel_plugin.builtin, accel_plugin.kernels.limits; "
+    code = ("import sys; import accel_plugin.plugins.builtin, accel_plugin.kernels.limits; "
             "print(sorted({'torch', 'triton'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -1,5 +1,5 @@
 """`accel doctor --self-test`: every kernel once against its reference, a pass/fail table,
-the compatibility line, and exit status 1 on any failure (accel_plugin/selftest.py).
+the compatibility line, and exit status 1 on any failure (accel_plugin/diagnostics/selftest.py).
 
 The first test runs the command as a user does (a subprocess, TRITON_INTERPRET unset, so
 the cases run in the interpreter in a child process); the others run small parts of
@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from accel_plugin import kernels, selftest
+from accel_plugin import kernels
+from accel_plugin.diagnostics import selftest
 from accel_plugin.cli import doctor
 from accel_plugin.kernels import limits
 
@@ -27,7 +28,7 @@ ACCEL = shutil.which("accel", path=str(Path(sys.executable).parent)) or "accel"
 
 @dataclasses.dataclass
 class FakeRow:
-    """What accel_plugin.compatibility.environment_row returns."""
+    """What accel_plugin.diagnostics.compatibility.environment_row returns."""
 
     cell: str | None = "vllm-0.32"
     tested: bool = True
@@ -47,7 +48,7 @@ def small_grid(monkeypatch, kernel, shapes=1):
 
 def fake_compatibility(monkeypatch):
     row = FakeRow()
-    from accel_plugin import compatibility
+    from accel_plugin.diagnostics import compatibility
 
     monkeypatch.setattr(compatibility, "environment_row", lambda: row)
     return row
@@ -183,7 +184,7 @@ def test_failed_case_and_unknown_compatibility_in_text(monkeypatch, capsys):
         raise ValueError("head_dim must be one of 32, 64; got 80")
 
     monkeypatch.setattr(kernels, "write_kv_cache", boom)
-    monkeypatch.setitem(sys.modules, "accel_plugin.compatibility", None)  # not there (yet)
+    monkeypatch.setitem(sys.modules, "accel_plugin.diagnostics.compatibility", None)  # not there (yet)
     small_grid(monkeypatch, selftest.WRITE_KV)
     status, out = run_doctor_in_process(capsys)
     assert status == 1

@@ -9,21 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accel_plugin.kvcache import (
-    ContiguousAllocator,
-    PagedAllocator,
-    Request,
-    SimulationError,
-    TraceError,
-    Usage,
-    _Seq,
-    compare_allocators,
-    contiguous_usage,
-    load_trace,
-    paged_usage,
-    simulate,
-    synthetic_trace,
-)
+from accel_plugin.observability.kv import ContiguousAllocator, PagedAllocator, Request, SimulationError, TraceError, Usage, _Seq, compare_allocators, contiguous_usage, load_trace, paged_usage, simulate, synthetic_trace
 
 SETTINGS = settings(max_examples=40, deadline=None, database=None)
 
@@ -296,7 +282,7 @@ def doc_block(lang):
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "observability.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text()
     section = text[text.index("## KV-cache fragmentation"):]
     return re.findall(rf"```{lang}\n(.*?)```", section, re.DOTALL)
 

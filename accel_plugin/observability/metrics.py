@@ -3,7 +3,7 @@
 Framework-free: a framework adapter hands over, once per step, the host copy of the
 step's sequence lengths (:meth:`KVCacheMetrics.record`) and, after each proposer
 call, the proposer (:meth:`SpeculationMetrics.record`). The KV accounting is
-:func:`accel_plugin.kvcache.paged_usage`, the one ``accel kv simulate`` uses, so a
+:func:`accel_plugin.observability.kv.paged_usage`, the one ``accel kv simulate`` uses, so a
 live server and the simulator count the same way. Every metric, its labels and
 PromQL examples: docs/observability.md ("Live metrics").
 
@@ -49,8 +49,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import envs
-from .kvcache import Usage, paged_usage
+from .. import envs
+from .kv import Usage, paged_usage
 
 __all__ = [
     "KV_LABELS",
@@ -68,7 +68,7 @@ __all__ = [
     "setup_process",
 ]
 
-_logger = logging.getLogger("accel_plugin.metrics")
+_logger = logging.getLogger("accel_plugin.observability.metrics")
 
 #: labels of every accel metric: vLLM's own (``model_name``, ``engine``), so dashboards join them
 BASE_LABELS = ("model_name", "engine")

@@ -1,6 +1,6 @@
 """Self-test: run each kernel once on this machine against the float64 reference.
 
-``accel doctor --self-test`` (and ``python -m accel_plugin.selftest``) runs a small
+``accel doctor --self-test`` (and ``python -m accel_plugin.diagnostics.selftest``) runs a small
 fixed grid of cases (:func:`default_cases`): the varlen flash prefill, the paged
 kernel (decode, speculative verification and chunked prefill in one batch over a
 shuffled block table, plus a long decode through split-K) and the KV-cache write,
@@ -16,7 +16,7 @@ kernels are imported, so when this process imported them without
 cases run in a subprocess with it set, and the report says so.
 
 Imports :mod:`accel_plugin.kernels` (torch and triton) and, for the matrix row,
-:mod:`accel_plugin.compatibility`; never a framework.
+:mod:`accel_plugin.diagnostics.compatibility`; never a framework.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from dataclasses import asdict, astuple, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .kernels import limits
+from ..kernels import limits
 
 __all__ = ["Case", "CaseResult", "SelfTestReport", "compatibility", "default_cases", "render", "run_self_test"]
 
@@ -211,7 +211,7 @@ class _Inputs:
 
 
 def _run_flash(case: Case, kernels, device) -> tuple[float, float, float]:
-    from .kernels import reference, tolerance
+    from ..kernels import reference, tolerance
 
     x = _Inputs(case, device)
     total = sum(FLASH_LENS)
@@ -229,7 +229,7 @@ def _run_flash(case: Case, kernels, device) -> tuple[float, float, float]:
 
 
 def _run_paged(case: Case, kernels, device) -> tuple[float, float, float]:
-    from .kernels import reference, tolerance
+    from ..kernels import reference, tolerance
 
     x = _Inputs(case, device)
     q_lens, seq_lens = zip(*PAGED_BATCHES[case.variant])
@@ -249,7 +249,7 @@ def _run_paged(case: Case, kernels, device) -> tuple[float, float, float]:
 
 
 def _run_write_kv(case: Case, kernels, device) -> tuple[float, float, float]:
-    from .kernels import reference, tolerance
+    from ..kernels import reference, tolerance
 
     x = _Inputs(case, device)
     num_blocks = -(-WRITE_TOKENS // case.block_size) + 2
@@ -271,7 +271,7 @@ _RUNNERS = {FLASH: _run_flash, PAGED: _run_paged, WRITE_KV: _run_write_kv}
 
 def run_case(case: Case, device) -> CaseResult:
     """Run one case; a kernel that raises, or a non-finite error, is a failed case."""
-    from . import kernels
+    from .. import kernels
 
     mode = kernels.runtime_mode(device)
     try:
@@ -303,7 +303,7 @@ def run_self_test(device=None, *, kernels: tuple[str, ...] | None = None, dtypes
     try:
         import torch
 
-        from . import kernels as kernel_pkg
+        from .. import kernels as kernel_pkg
 
         dev = _default_device() if device is None else torch.device(device)
         mode, reason = kernel_pkg.runtime_mode(dev), kernel_pkg.runtime_mode_reason(dev)
@@ -324,7 +324,7 @@ def run_self_test(device=None, *, kernels: tuple[str, ...] | None = None, dtypes
 
 def _run_in_subprocess(kernels, dtypes, why: str) -> SelfTestReport:
     """The cases in a fresh interpreter with TRITON_INTERPRET=1 (set before it imports the kernels)."""
-    command = [sys.executable, "-m", "accel_plugin.selftest", "--json", "--no-compatibility", "--device", "cpu"]
+    command = [sys.executable, "-m", "accel_plugin.diagnostics.selftest", "--json", "--no-compatibility", "--device", "cpu"]
     for kernel in kernels or ():
         command += ["--kernel", kernel]
     for dtype in dtypes or ():
@@ -352,7 +352,7 @@ def _run_in_subprocess(kernels, dtypes, why: str) -> SelfTestReport:
 # --- the compatibility matrix ---------------------------------------------------------
 
 def compatibility() -> dict[str, Any]:
-    """This environment's row of the compatibility matrix (accel_plugin.compatibility):
+    """This environment's row of the compatibility matrix (accel_plugin.diagnostics.compatibility):
     ``cell``, ``tested``, ``status``, ``recorded``, ``summary``; or ``{"error": reason}``."""
     try:
         from .compatibility import environment_row
@@ -413,8 +413,8 @@ def render(data: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m accel_plugin.selftest [--json]``: the self-test alone."""
-    parser = argparse.ArgumentParser(prog="python -m accel_plugin.selftest", description=__doc__,
+    """``python -m accel_plugin.diagnostics.selftest [--json]``: the self-test alone."""
+    parser = argparse.ArgumentParser(prog="python -m accel_plugin.diagnostics.selftest", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--kernel", action="append", choices=KERNELS, help="only this kernel (repeatable)")

@@ -1,13 +1,6 @@
 import pytest
 
-from accel_plugin.registry import (
-    BackendRegistry,
-    BackendSpec,
-    Capabilities,
-    DuplicateNameError,
-    UnknownNameError,
-    import_object,
-)
+from accel_plugin.plugins.registry import BackendRegistry, BackendSpec, Capabilities, DuplicateNameError, UnknownNameError, import_object
 
 
 def test_unknown_name_lists_known_ones():
@@ -60,7 +53,7 @@ def test_class_paths_are_imported_lazily():
 
 
 def test_builtin_backend_class_paths_resolve():
-    from accel_plugin.manager import get_plugin_manager, get_registries
+    from accel_plugin.plugins.manager import get_plugin_manager, get_registries
 
     registries = get_registries(get_plugin_manager({}))
     assert registries.backends.names() == ["ACCEL_FLASH", "ACCEL_PAGED"]

@@ -1,7 +1,7 @@
 """Hugging Face model directories: checks with clear messages, and vocabularies.
 
-The one home of these checks, for the draft YAML (:mod:`accel_plugin.config`) and
-for tuning (``accel tune-draft``, ``accel bench``; :mod:`accel_plugin.tuning.models`).
+The one home of these checks, for the draft YAML (:mod:`accel_plugin.speculative.draft_config.schema`) and
+for tuning (``accel tune-draft``, ``accel bench``; :mod:`accel_plugin.tuning.loaders`).
 A model directory holds ``config.json``, ``*.safetensors`` weights and (for a
 target at least) tokenizer files (:func:`check_model_dir`; a draft the draft
 engine runs: :func:`check_draft_dir`). A draft and its target must share one

@@ -1,4 +1,4 @@
-"""accel_plugin.model_dirs: model-directory and vocabulary checks, with messages that
+"""accel_plugin.models.dirs: model-directory and vocabulary checks, with messages that
 name the directory, what is missing and the valid values."""
 
 from __future__ import annotations
@@ -7,15 +7,7 @@ import json
 
 import pytest
 
-from accel_plugin.model_dirs import (
-    TOKENIZER_FILES,
-    ModelDirError,
-    TargetVocabulary,
-    check_draft_dir,
-    check_model_dir,
-    read_vocab,
-    vocab_size,
-)
+from accel_plugin.models.dirs import TOKENIZER_FILES, ModelDirError, TargetVocabulary, check_draft_dir, check_model_dir, read_vocab, vocab_size
 
 
 def model_dir(root, name, *, config=None, weights="model.safetensors", vocab=None):

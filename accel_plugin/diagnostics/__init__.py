@@ -1,0 +1,1 @@
+"""Diagnostics: the kernel self-test and the compatibility matrix (cells, records, rendering)."""

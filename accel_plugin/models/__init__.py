@@ -1,0 +1,1 @@
+"""Real models: fetching them (``accel models get``) and checking model directories."""
