@@ -5,7 +5,7 @@
     nox -r -s matrix                       # reuse the cells' environments
     nox -s compat_docs                     # regenerate docs/compatibility.md only
 
-The cells are declared in ``accel_plugin/diagnostics/compatibility.py`` (``CELLS``). Each session
+The cells are declared in ``accel_plugin/diagnostics/compat_cells.py`` (``CELLS``). Each session
 builds its own environment with the cell's pins, runs the cell's checks with pytest,
 reads the versions back from the environment, and records the result in
 ``accel_plugin/diagnostics/compat_results.json``; docs/compatibility.md is then regenerated from
@@ -29,8 +29,10 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from accel_plugin.diagnostics.compatibility import CELLS, Record, load_records, render, save_record  # noqa: E402
-from accel_plugin.diagnostics.compatibility import cell as get_cell  # noqa: E402
+from accel_plugin.diagnostics.compat_cells import CELLS  # noqa: E402
+from accel_plugin.diagnostics.compat_cells import cell as get_cell  # noqa: E402
+from accel_plugin.diagnostics.compat_page import render  # noqa: E402
+from accel_plugin.diagnostics.compat_records import Record, load_records, save_record  # noqa: E402
 
 nox.options.sessions = ["matrix"]
 nox.options.default_venv_backend = "venv"

@@ -63,7 +63,8 @@ def bench_record(calls: int = 2000) -> list[dict]:
     import torch
 
     from accel_plugin.speculative.draft_config.schema import ControllerConfig
-    from accel_plugin.observability.metrics import LiveMetrics, MetricsSink
+    from accel_plugin.observability.metrics_files import MetricsSink
+    from accel_plugin.observability.metrics_recorders import LiveMetrics
     from accel_plugin.speculative.controller import DomainController
 
     rows = []
@@ -161,7 +162,7 @@ def bench_vllm_multiprocess(args) -> dict:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     llm, prompts, params = _engine(args)
     from accel_plugin import envs
-    from accel_plugin.observability.metrics import read_metrics
+    from accel_plugin.observability.metrics_files import read_metrics
 
     directory = envs.metrics_dir()  # set by the plugin's register() in this process
 

@@ -29,7 +29,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from accel_plugin.observability.kv import PagedAllocator, Request, paged_usage, simulate
+from accel_plugin.observability.kv_accounting import paged_usage
+from accel_plugin.observability.kv_simulator import PagedAllocator, simulate
+from accel_plugin.observability.kv_trace import Request
 
 pytestmark = pytest.mark.vllm
 
@@ -61,7 +63,8 @@ def test_kv_recorder_counts_each_step_once_and_skips_sliding_windows(tmp_path):
 
     from accel_plugin.adapters.vllm import _compat
     from accel_plugin.adapters.vllm.metrics import KVRecorder
-    from accel_plugin.observability.metrics import LiveMetrics, MetricsSink
+    from accel_plugin.observability.metrics_files import MetricsSink
+    from accel_plugin.observability.metrics_recorders import LiveMetrics
 
     shape = {"block_size": BLOCK_SIZE, "num_kv_heads": 2, "head_size": 32, "dtype": torch.float32}
     assert _compat.kv_cache_group_name(FullAttentionSpec(**shape)) == "full"

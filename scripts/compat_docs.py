@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from accel_plugin.diagnostics.compatibility import render  # noqa: E402
+from accel_plugin.diagnostics.compat_page import render  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

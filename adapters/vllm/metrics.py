@@ -1,5 +1,5 @@
 """accel metrics inside vLLM: where each number comes from (the accounting is
-:mod:`accel_plugin.observability.metrics`; the user's view is docs/observability.md).
+:mod:`accel_plugin.observability.metrics_recorders`; the user's view is docs/observability.md).
 
 * :func:`setup` runs in ``register()``, in every vLLM process, before vLLM starts
   its engine core: it prepares the metric files' directory, hands it to the
@@ -40,15 +40,15 @@ def _logger():
 
 def setup() -> str | None:
     """Called by ``register()`` in every process; returns the metric directory or None (off)."""
-    from accel_plugin.observability.metrics import setup_process
+    from accel_plugin.observability.metrics_files import setup_process
 
     return setup_process()
 
 
 def _live(vllm_config: Any):
-    """This process's :class:`accel_plugin.observability.metrics.LiveMetrics` (None: metrics off), with
+    """This process's :class:`accel_plugin.observability.metrics_recorders.LiveMetrics` (None: metrics off), with
     vLLM's own ``model_name`` and ``engine`` label values."""
-    from accel_plugin.observability.metrics import live_metrics
+    from accel_plugin.observability.metrics_recorders import live_metrics
 
     model_name = str(vllm_config.model_config.served_model_name)
     engine = str(vllm_config.parallel_config.data_parallel_rank)

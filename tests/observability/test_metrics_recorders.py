@@ -1,21 +1,21 @@
-"""Live metrics: exact values from hand-made steps, the proposer's stats mapping, labels,
-the multiprocess files (several writer processes, one scrape), setup and the log line."""
+"""Live metrics' recorders: exact values from hand-made steps, the proposer's stats mapping,
+labels, the log line."""
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 from dataclasses import dataclass, field
 
 import pytest
 
 prometheus_client = pytest.importorskip("prometheus_client", reason="metrics need prometheus_client")
 
-from accel_plugin import envs
-from accel_plugin.observability import metrics
-from accel_plugin.observability.kv import PagedAllocator, Request, paged_usage, simulate
-from accel_plugin.observability.metrics import METRICS, FileCollector, LiveMetrics, MetricsSink, read_metrics
-from accel_plugin.speculative.controller import DomainStats
+from accel_plugin.observability.kv_accounting import paged_usage
+from accel_plugin.observability.kv_simulator import PagedAllocator, simulate
+from accel_plugin.observability.kv_trace import Request
+from accel_plugin.observability.metrics_catalogue import SPEC_STATES
+from accel_plugin.observability.metrics_files import MetricsSink, read_metrics
+from accel_plugin.observability.metrics_recorders import LiveMetrics
+from accel_plugin.speculative.domain_stats import DomainStats
 
 BASE = ("tiny", "0")
 
@@ -132,7 +132,7 @@ def test_proposer_stats_map_to_metrics(live):
     assert v[("accel_spec_on", s)] == 1
     assert v[("accel_spec_cost_ratio", s)] == pytest.approx(0.1)
     assert v[("accel_spec_expected_speedup", s)] == pytest.approx(1.8)
-    for state in metrics.SPEC_STATES:
+    for state in SPEC_STATES:
         assert v[("accel_spec_state", spec_labels("support", state=state))] == (state == "on")
     d = spec_labels("default")
     assert v[("accel_spec_on", d)] == 1  # warm-up drafts
@@ -161,116 +161,7 @@ def test_proposer_last_call_time_and_off_state(live):
     assert v[("accel_spec_state", spec_labels("code", state="on"))] == 0
 
 
-# --- the files: processes, collectors, the scrape ---------------------------------------------------
-
-def _write_from_child(directory, used, clock):
-    sink = MetricsSink(directory, clock=lambda: clock)
-    LiveMetrics(BASE, sink).kv("full", 16).record([used])
-    sink.close()
-
-
-def test_other_processes_files_are_merged(tmp_path):
-    """Two writer processes (as two vLLM workers would be): counters add, a gauge shows
-    the value written last."""
-    ctx, pids = multiprocessing.get_context("fork"), []
-    for used, clock in ((16, 100.0), (48, 200.0)):
-        child = ctx.Process(target=_write_from_child, args=(str(tmp_path), used, clock))
-        child.start()
-        child.join(30)
-        assert child.exitcode == 0
-        pids.append(str(child.pid))
-    v = read_metrics(str(tmp_path))
-    assert v[("accel_kv_steps_total", kv_labels())] == 2
-    assert v[("accel_kv_used_slot_steps_total", kv_labels())] == 64
-    assert v[("accel_kv_used_slots", kv_labels())] == 48
-    assert sorted(os.listdir(tmp_path)) == [f"{kind}_accel-{pid}.db" for kind in ("counter", "gauge_mostrecent")
-                                            for pid in sorted(pids)]
-
-
-def test_scrape_text_of_a_registry(live, monkeypatch):
-    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
-    live.kv("full", 16).record([10, 17, 97])
-    registry = prometheus_client.CollectorRegistry()
-    registry.register(FileCollector(live.sink.directory))
-    text = prometheus_client.generate_latest(registry).decode()
-    assert ('accel_kv_used_slots{block_size="16",engine="0",kv_cache_group="full",model_name="tiny"} 124.0'
-            in text)
-    assert "# TYPE accel_kv_steps_total counter" in text
-    assert 'accel_kv_steps_total{block_size="16",engine="0",kv_cache_group="full",model_name="tiny"} 1.0' in text
-
-
-def test_with_prometheus_multiproc_dir_the_frameworks_collector_serves_them(live, monkeypatch):
-    """vLLM with PROMETHEUS_MULTIPROC_DIR builds a registry with MultiProcessCollector over
-    that directory; our files are there, and our own collector stays silent."""
-    from prometheus_client import multiprocess
-
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", live.sink.directory)
-    live.kv("full", 16).record([5])
-    assert list(FileCollector(live.sink.directory).collect()) == []
-    registry = prometheus_client.CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry)
-    text = prometheus_client.generate_latest(registry).decode()
-    assert 'accel_kv_used_slots{block_size="16",engine="0",kv_cache_group="full",model_name="tiny"} 5.0' in text
-
-
-def test_unchanged_values_are_not_rewritten(tmp_path):
-    now = [1.0]
-    sink = MetricsSink(str(tmp_path), clock=lambda: now[0])
-    metric = METRICS["accel_kv_used_slots"]
-    labels = ("tiny", "0", "full", "16")
-    sink.write(metric, labels, 5)
-    now[0] = 2.0
-    sink.write(metric, labels, 5)  # same value: no write, the timestamp stays 1.0
-    assert [(v, t) for _, v, t in sink._files["gauge"].read_all_values()] == [(5.0, 1.0)]
-    with pytest.raises(ValueError, match="takes labels"):
-        sink.write(metric, ("tiny",), 1)
-
-
-# --- setup, switches, the log line ----------------------------------------------------------------
-
-@pytest.fixture
-def fresh_process(monkeypatch):
-    monkeypatch.setattr(metrics, "_process", {"dir": None})
-    monkeypatch.setattr(metrics, "_live", {})
-
-
-def test_setup_process_makes_and_hands_over_a_directory(fresh_process):
-    environ: dict[str, str] = {}
-    registry = prometheus_client.CollectorRegistry()
-    directory = metrics.setup_process(environ, registry=registry)
-    try:
-        assert os.path.isdir(directory) and environ[envs.ACCEL_METRICS_DIR] == directory
-        assert metrics.setup_process(environ, registry=registry) == directory  # idempotent
-        live = metrics.live_metrics(BASE, environ=environ)
-        live.kv("full", 16).record([3])
-        text = prometheus_client.generate_latest(registry).decode()
-        assert "accel_kv_used_slots" in text
-    finally:
-        metrics._remove_owned_dir(directory, os.getpid())
-    assert not os.path.exists(directory)
-
-
-def test_prometheus_multiproc_dir_wins(fresh_process, tmp_path):
-    environ = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), envs.ACCEL_METRICS_DIR: str(tmp_path / "accel")}
-    registry = prometheus_client.CollectorRegistry()
-    assert metrics.setup_process(environ, registry=registry) == str(tmp_path)
-    assert metrics.live_metrics(BASE, environ=environ).sink.directory == str(tmp_path)
-
-
-@pytest.mark.parametrize("raw", ["0", "off", "false"])
-def test_metrics_off(fresh_process, raw):
-    environ = {envs.ACCEL_METRICS: raw}
-    assert metrics.setup_process(environ) is None
-    assert metrics.live_metrics(BASE, environ=environ) is None
-    assert envs.ACCEL_METRICS_DIR not in environ
-
-
-def test_without_prometheus_client_metrics_are_off(fresh_process, monkeypatch, caplog):
-    monkeypatch.setattr(metrics, "_prometheus", lambda: None)
-    with caplog.at_level("DEBUG", logger="accel_plugin.observability.metrics"):
-        assert metrics.setup_process({}) is None
-    assert "prometheus_client is not installed" in caplog.text
-
+# --- the log line ---------------------------------------------------------------------------------
 
 def test_periodic_log_line(tmp_path):
     now = [0.0]
@@ -296,21 +187,3 @@ def test_log_line_names_groups_when_several():
     assert live.line() == ("accel KV [full, block 16]: 1 seqs, 16 slots used / 16 allocated (0.0% internal), "
                            "1 blocks; accel KV [full, block 32]: 1 seqs, 16 slots used / 32 allocated "
                            "(50.0% internal), 1 blocks")
-
-
-# --- names and docs ---------------------------------------------------------------------------------
-
-def test_metric_names():
-    families = [m.family for m in METRICS.values()]
-    assert len(set(families)) == len(families), "a gauge and a counter family share a name"
-    for m in METRICS.values():
-        assert m.name.startswith("accel_") and (m.kind == "counter") == m.name.endswith("_total")
-        assert set(metrics.BASE_LABELS) <= set(m.labels)
-
-
-def test_every_metric_is_documented():
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text()
-    missing = [name for name in METRICS if f"`{name}`" not in text]
-    assert not missing, f"metrics missing from docs/observability.md: {missing}"
