@@ -6,9 +6,9 @@ One table (:data:`ROWS`) over the three ways a user configures accel-plugin:
   the vLLM adapter's ``register()`` checks them before vLLM starts (it raises, and
   vLLM does not start; integration/test_vllm_bad_settings.py shows a real start);
 - every value-taking argument of every ``accel`` sub-command (read from
-  :func:`accel_plugin.cli.build_parser`), run in-process (usage errors exit 2);
+  :func:`accel_plugin.cli.main.build_parser`), run in-process (usage errors exit 2);
 - every key of the draft YAML (the fields of the pydantic models of
-  :mod:`accel_plugin.speculative.draft_config.schema`), loaded with :func:`accel_plugin.speculative.draft_config.schema.load_draft_config`.
+  :mod:`accel_plugin.speculative.draft_config.schema`), loaded with :func:`accel_plugin.speculative.draft_config.load_draft_config`.
 
 Each row: a wrong value, and a substring of the message that names the valid values.
 The coverage tests fail when a variable, a flag or a YAML key has no row.
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from accel_plugin.speculative.draft_config import schema as draft_config
+from accel_plugin.speculative import draft_config
 from accel_plugin import envs
-from accel_plugin.cli import build_parser, main
+from accel_plugin.cli.main import build_parser, main
 
 REPO = Path(__file__).resolve().parents[1]
 #: small real models and a draft YAML shipped in the repository (no build needed)

@@ -1,12 +1,14 @@
-"""The docs name every hook and every environment variable."""
+"""The docs name every hook and every environment variable, and only paths and names that exist."""
 
 import inspect
+import re
 from pathlib import Path
 
 from accel_plugin import envs
 from accel_plugin.plugins import hookspecs
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
 
 
 def hook_names():
@@ -31,3 +33,47 @@ def test_every_env_var_is_documented():
     text = (DOCS / "configuration.md").read_text()
     missing = [v.name for v in envs.ENV_VARS if f"`{v.name}`" not in text]
     assert not missing, f"env vars missing from docs/configuration.md: {missing}"
+
+
+_DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+_REPO_PATH = re.compile(r"(?<![\w/.])((?:accel_plugin|kernels|adapters|benchmarks|scripts|tests|integration|demo_models)"
+                        r"/[\w/.-]*\w)")
+_DOTTED = re.compile(r"(?<![\w.])(accel_plugin(?:\.\w+)+)")
+_FOLDERS = {"accel_plugin": "accel_plugin", "kernels": "kernels", "adapters": "adapters"}
+
+
+def test_every_repo_path_in_the_docs_exists():
+    gone = sorted({f"{doc.name}: {m}" for doc in _DOCS for m in _REPO_PATH.findall(doc.read_text())
+                   if not (ROOT / m).exists()})
+    assert not gone, "docs name paths that do not exist:\n" + "\n".join(gone)
+
+
+def _dotted_exists(name: str) -> bool:
+    """``accel_plugin.a.b.c``: a module path, then at most attributes defined in the last module."""
+    parts = name.split(".")[1:]
+    if parts and parts[0] in ("kernels", "adapters"):
+        folder, parts = ROOT / parts[0], parts[1:]
+    else:
+        folder = ROOT / "accel_plugin"
+    module = folder / "__init__.py"
+    while parts and ((folder / parts[0]).is_dir() or (folder / f"{parts[0]}.py").exists()):
+        if (folder / parts[0]).is_dir():
+            folder = folder / parts[0]
+            module = folder / "__init__.py"
+        else:
+            module = folder / f"{parts[0]}.py"
+        parts = parts[1:]
+        if module.name != "__init__.py":
+            break
+    if not parts:
+        return True
+    text = module.read_text() if module.exists() else ""
+    return bool(re.search(rf"^\s*(?:def|class|async def)\s+{parts[0]}\b|^\s*{parts[0]}\s*[:=]|import .*\b{parts[0]}\b"
+                          rf"|[\"']{parts[0]}[\"']\s*:",  # a lazy export: {{name: module}} for __getattr__
+                          text, re.MULTILINE))
+
+
+def test_every_dotted_name_in_the_docs_exists():
+    gone = sorted({f"{doc.name}: {m}" for doc in _DOCS for m in _DOTTED.findall(doc.read_text())
+                   if not _dotted_exists(m)})
+    assert not gone, "docs name modules or attributes that do not exist:\n" + "\n".join(gone)

@@ -1,5 +1,7 @@
+"""``python -m accel_plugin.cli``: the ``accel`` command."""
+
 import sys
 
-from . import main
+from .main import main
 
 sys.exit(main())

@@ -24,7 +24,7 @@ import sys
 
 from ..tuning import TuningError
 from ..tuning.settings import BenchSettings
-from . import number_arg, output_file_arg
+from .common import number_arg, output_file_arg
 
 __all__ = ["add_arguments", "main", "run", "settings_from_args"]
 
@@ -72,14 +72,14 @@ def _acceptance(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from ..tuning.bench import format_table
-    from . import report
+    from .common import report
 
     return report(f"bench {args.bench}", lambda: args._bench(args), format_table, args.json, TuningError)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run as if ``accel bench`` had been typed with ``argv``."""
-    from . import run_command
+    from .common import run_command
 
     return run_command("bench", argv)
 

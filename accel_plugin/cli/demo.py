@@ -26,7 +26,8 @@ from pathlib import Path
 
 from ..demo.family import default_models_dir
 from ..demo.plan import DemoSettings
-from . import doctor, number_arg, output_file_arg
+from . import doctor
+from .common import number_arg, output_file_arg
 
 __all__ = ["add_arguments", "run", "settings_from_args"]
 

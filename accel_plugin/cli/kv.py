@@ -26,10 +26,11 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from ..ranges import Range
-from . import number_arg, output_file_arg
+from .common import number_arg, output_file_arg
 
 if TYPE_CHECKING:
-    from ..observability.kv import Request, SimResult
+    from ..observability.kv_simulator import SimResult
+    from ..observability.kv_trace import Request
 
 __all__ = ["RANGES", "add_arguments", "format_table", "main", "plot", "report", "run", "trace_summary"]
 
@@ -43,7 +44,7 @@ RANGES: dict[str, Range] = {
     "block_size": Range(int, 1, 1 << 16),
 }
 DEFAULTS = {"requests": 1000, "seed": 0, "arrival_rate": 1.0}
-#: = ``accel_plugin.observability.kv.DEFAULT_BLOCK_SIZES``, not imported here: ``accel --help`` stays light
+#: = ``accel_plugin.observability.kv_simulator.DEFAULT_BLOCK_SIZES``, not imported here: ``accel --help`` stays light
 DEFAULT_BLOCK_SIZES = (1, 8, 16, 32, 64, 256)
 
 
@@ -90,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _simulate(args: argparse.Namespace) -> tuple[dict, list]:
-    from ..observability.kv import compare_allocators, load_trace, synthetic_trace
+    from ..observability.kv_simulator import compare_allocators
+    from ..observability.kv_trace import load_trace, synthetic_trace
 
     cache_tokens = args.cache_tokens or 16 * args.max_model_len
     if args.trace:
@@ -229,7 +231,7 @@ def plot(results: Sequence[SimResult], path: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import report
+    from .common import report
 
     # ValueError: TraceError, SimulationError, a bad --plot
     return report(f"kv {args.kv}", lambda: args._kv(args)[0], format_table, args.json)
@@ -237,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run as if ``accel kv`` had been typed with ``argv``."""
-    from . import run_command
+    from .common import run_command
 
     return run_command("kv", argv)
 

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import directory_arg, input_file_arg
+from .common import directory_arg, input_file_arg
 
 __all__ = ["add_arguments", "main", "run"]
 
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run as if ``accel models`` had been typed with ``argv``."""
-    from . import run_command
+    from .common import run_command
 
     return run_command("models", argv)
 

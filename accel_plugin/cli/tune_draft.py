@@ -30,7 +30,7 @@ import sys
 
 from ..tuning import TuningError
 from ..tuning.settings import TuneSettings
-from . import number_arg
+from .common import number_arg
 
 __all__ = ["add_arguments", "main", "run", "settings_from_args"]
 
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run as if ``accel tune-draft`` had been typed with ``argv``."""
-    from . import run_command
+    from .common import run_command
 
     return run_command("tune-draft", argv)
 

@@ -8,11 +8,12 @@ import json
 
 import pytest
 
-from accel_plugin.cli import build_parser, demo
+from accel_plugin.cli import demo
+from accel_plugin.cli.main import build_parser
 from accel_plugin.cli.doctor import package_version
-from accel_plugin.demo.family import default_models_dir, load_family, load_prompts, route_labels, workload
+from accel_plugin.demo.family import default_models_dir, load_family
 from accel_plugin.demo.plan import DemoSettings
-from accel_plugin.demo.report import build_report, paired_ratio, per_round_ratios, render, summarise, timing_spread, verdicts
+from accel_plugin.demo.report import timing_spread
 
 TOY = default_models_dir().parent  # demo_models: the toy family
 
@@ -70,125 +71,6 @@ def test_missing_family_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit) as exc:
         demo.run(args)
     assert "family.json" in str(exc.value) and "--models" in str(exc.value)
-
-
-def test_toy_family_prompts_route_as_configured():
-    family = load_family(TOY)
-    prompts = load_prompts(family)
-    assert set(prompts) == {"support", "code", "prose"}
-    routes = route_labels(family.config_path("tuned"), prompts)
-    assert routes["support"] == {"routed": ["support"], "draft": "draft-support"}
-    assert routes["prose"]["routed"] == ["default"]
-    assert route_labels(family.config_path("untuned"), prompts)["support"]["draft"] == "draft-general"
-
-
-def test_smollm2_held_out_prompts_route_to_their_domain():
-    """The router sees the decoded chat-templated prompt; plain text is enough here
-    (the template adds no word the YAML matches)."""
-    family = load_family(default_models_dir())
-    prompts = load_prompts(family)
-    assert set(prompts) == {"support", "code", "general"} and all(len(p) == 24 for p in prompts.values())
-    for name, draft in (("tuned", "support"), ("untuned", "support-untuned")):
-        routes = route_labels(family.config_path(name), prompts)
-        assert routes["support"] == {"routed": ["support"], "draft": draft}
-        assert routes["code"] == {"routed": ["code"], "draft": "code"}
-        assert routes["general"] == {"routed": ["default"], "draft": "general"}
-
-
-def test_workload_keeps_the_poor_engine_cold_on_the_goal_domain():
-    prompts = {d: [f"{d}{i}" for i in range(24)] for d in ("support", "code")}
-    warmup, timed = workload(prompts, 2, configs=["plain", "tuned", "untuned"], goal_domain="support",
-                             poor_config="untuned")
-    assert [len(b) for b in warmup["plain"]] == [8, 8] and warmup["untuned"] == [prompts["code"][-8:]]
-    assert [t["name"] for t in timed][:3] == ["support|1|0", "support|1|1", "support|8|0"]
-    assert all(t["configs"] == ["plain", "tuned", "untuned"] for t in timed if t["name"].startswith("support"))
-    assert all(t["configs"] == ["plain", "tuned"] for t in timed if t["name"].startswith("code"))
-    # warm-up and timed prompts are disjoint
-    assert not {p for b in warmup["plain"] for p in b} & {p for t in timed for p in t["prompts"]}
-
-
-def _stats(steps, drafted, accepted, state="on", k=5, c=0.05, predicted=2.0, draft="d"):
-    return {"steps": steps, "drafted": drafted, "accepted": accepted, "state": state, "k": k, "k_max": 5,
-            "alpha": accepted / drafted if drafted else None, "cost_ratio": c, "propose_ms_per_step": 3.0,
-            "draft": draft, "verify_overhead": 0.1,
-            "costs_by_bucket": {str(b): {"state": state, "k": k, "c": c, "v": 0.1, "expected_speedup": predicted}
-                                for b in (1, 8)}}
-
-
-def _result(tokens_per_s: dict, stats_per_run: list | None, rounds: int = 1):
-    """A fake run_side_by_side result for one configuration: one timed run per
-    (label, batch); ``stats_per_run`` are the proposer's cumulative counters after
-    each run, from which each run's delta is taken (as the worker does)."""
-    runs, previous = [], {"support": _stats(0, 0, 0)}
-    for i, ((label, batch), tps) in enumerate(tokens_per_s.items()):
-        generated = 64 * batch
-        stats = stats_per_run[i] if stats_per_run else None
-        delta = {d: {key: s[key] - previous.get(d, {}).get(key, 0) for key in ("steps", "drafted", "accepted")}
-                 for d, s in (stats or {}).items()}
-        previous = stats or previous
-        runs.append({"name": f"{label}|{batch}|0", "seconds": generated / tps, "seconds_all": [generated / tps] * rounds,
-                     "generated": generated, "token_ids": [[1, 2, 3]] * batch, "stats": stats, "delta": delta,
-                     "repeats_identical": True,
-                     "propose_steps": 10 if stats else 0, "propose_seconds": 0.03 if stats else 0.0})
-    return {"startup_s": 3.0, "warmup_s": 5.0, "runs": runs, "attention_backends": ["CPU_ATTN"],
-            "parameters": 134_515_008, "after_warmup": {"support": _stats(0, 0, 0)} if stats_per_run else None,
-            "final": stats_per_run[-1] if stats_per_run else None, "spec": {}}
-
-
-SETTINGS = {"target_name": "t", "max_tokens": 64, "batch1_prompts": 1, "repeats": 1, "attention": "default",
-            "dtype": "float32", "num_speculative_tokens": 5, "ignore_eos": False}
-
-
-def test_table_and_verdicts_from_fake_numbers():
-    keys = [("support", 1), ("support", 8), ("code", 1)]
-    plain = _result(dict(zip(keys, (100.0, 400.0, 100.0))), None)
-    tuned = _result(dict(zip(keys, (250.0, 480.0, 110.0))), [
-        {"support": _stats(10, 50, 45, predicted=2.8), "code": _stats(0, 0, 0, draft="g")},
-        {"support": _stats(20, 100, 90, predicted=1.6), "code": _stats(0, 0, 0, draft="g")},
-        {"support": _stats(20, 100, 90, predicted=1.6), "code": _stats(10, 50, 20, k=3, c=0.06, draft="g")},
-    ])
-    untuned = _result(dict(zip(keys[:2], (97.0, 360.0))), [
-        {"support": _stats(10, 10, 1, "off", 0, draft="u"), "code": _stats(0, 0, 0, draft="g")},
-        {"support": _stats(12, 12, 1, "off", 0, draft="u"), "code": _stats(0, 0, 0, c=0.2, draft="g")},
-    ])
-    routes = {name: {"support": {"routed": ["support"], "draft": d}, "code": {"routed": ["code"], "draft": "g"}}
-              for name, d in (("tuned", "draft-support"), ("untuned", "draft-untuned"))}
-    report = build_report({"plain": plain, "tuned": tuned, "untuned": untuned}, routes, SETTINGS, "support")
-    rows = {(r["domain"], r["batch"]): r for r in report["configs"]["tuned"]["rows"]}
-    assert rows[("support", 1)]["ratio"] == pytest.approx(2.5)
-    assert (rows[("support", 8)]["accepted"], rows[("support", 8)]["drafted"]) == (45, 50)  # the run's delta
-    assert rows[("code", 1)]["proposer"]["code"]["k"] == 3
-    goals = {g["goal"].split(":")[0]: g for g in report["goals"]}
-    met = [g["met"] for g in report["goals"]]
-    assert met == [True, True, False, True, True, False]
-    assert report["goals"][1]["measured"] == pytest.approx(1.2)  # 480 / 400: exactly the goal, met
-    assert report["goals"][2]["measured"] == pytest.approx(0.9)  # the worse batch of the poor-draft domain
-    assert report["goals"][4]["measured"] == pytest.approx(2.5 / 2.8)
-    assert report["goals"][5]["measured"] == pytest.approx(1.2 / 1.6)
-    assert goals  # every goal has a name
-    agree = {e["draft"]: e["agree"] for e in report["cost_ratios"]}
-    assert agree["g"] is False  # 0.06 vs 0.2: the same draft measured 3x apart is flagged
-    text = render(report, {"tuned": "TUNED", "untuned": "UNTUNED"})
-    assert "2.50x" in text and "[MET   ]" in text and "[MISSED]" in text and "134.5M parameters" in text
-    assert "plain CPU_ATTN" in text and "DISAGREE" in text
-    json.dumps(report)  # --json writes exactly this
-
-
-def test_a_speed_goal_is_missed_when_outputs_differ():
-    keys = [("support", 1)]
-    plain = _result({keys[0]: 100.0}, None)
-    tuned = _result({keys[0]: 300.0}, [{"support": _stats(10, 50, 45)}])
-    tuned["runs"][0]["token_ids"] = [[9, 9, 9]]
-    routes = {"tuned": {"support": {"routed": ["support"], "draft": "d"}}}
-    report = build_report({"plain": plain, "tuned": tuned}, routes, SETTINGS, "support")
-    first = report["goals"][0]
-    assert first["measured"] == pytest.approx(3.0) and first["met"] is False and "NOT lossless" in first["detail"]
-
-
-def test_verdicts_without_untuned_are_not_measured():
-    goals = verdicts({"tuned": {"rows": []}}, "support")
-    assert all(g["met"] is None for g in goals)
-    assert "no untuned configuration" in goals[2]["detail"]
 
 
 @pytest.mark.skipif(package_version("vllm") is None, reason="vLLM is not installed")
@@ -275,22 +157,6 @@ def test_a_failing_engine_is_reported_with_its_output(tmp_path):
     with pytest.raises(RuntimeError) as exc:
         run_side_by_side(tmp_path / "no-such-model", {"plain": None}, warmup=[], timed=[], timeout_s=300)
     assert "plain: vLLM worker exited" in str(exc.value) and "no-such-model" in str(exc.value)
-
-
-def test_ratio_is_the_median_of_paired_rounds():
-    """A fast spell of the machine that only the plain engine caught (round 1) does
-    not decide the verdict; the rounds where both ran alike do."""
-    def config(seconds_all):
-        return {"runs": [{"name": "support|8|0", "seconds": min(seconds_all), "seconds_all": seconds_all,
-                          "generated": 512, "token_ids": [[1]] * 8}]}
-
-    plain = summarise(config([1.0, 1.5, 1.5]))[("support", 8)]
-    spec = summarise(config([1.05, 1.5, 1.5]))[("support", 8)]
-    assert plain["rounds"] == [1.0, 1.5, 1.5] and plain["seconds"] == 1.5
-    assert per_round_ratios(plain, spec) == pytest.approx([1 / 1.05, 1.0, 1.0])
-    assert paired_ratio(plain, spec) == pytest.approx(1.0)
-    # the fastest runs alone would have said 0.95x
-    assert min(spec["rounds"]) / min(plain["rounds"]) == pytest.approx(1.05)
 
 
 def test_a_worker_that_died_is_reported_when_sent_work():

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from accel_plugin.cli import bench, build_parser, tune_draft
+from accel_plugin.cli import bench, tune_draft
+from accel_plugin.cli.main import build_parser
 from accel_plugin.ranges import Range
 from accel_plugin.tuning import TuningError
 from accel_plugin.tuning.settings import BenchSettings, TuneSettings

@@ -1,0 +1,43 @@
+"""accel_plugin.demo.family: demo model families, their prompts, routing and the workload."""
+
+from __future__ import annotations
+
+
+from accel_plugin.demo.family import default_models_dir, load_family, load_prompts, route_labels, workload
+
+TOY = default_models_dir().parent  # demo_models: the toy family
+
+
+def test_toy_family_prompts_route_as_configured():
+    family = load_family(TOY)
+    prompts = load_prompts(family)
+    assert set(prompts) == {"support", "code", "prose"}
+    routes = route_labels(family.config_path("tuned"), prompts)
+    assert routes["support"] == {"routed": ["support"], "draft": "draft-support"}
+    assert routes["prose"]["routed"] == ["default"]
+    assert route_labels(family.config_path("untuned"), prompts)["support"]["draft"] == "draft-general"
+
+
+def test_smollm2_held_out_prompts_route_to_their_domain():
+    """The router sees the decoded chat-templated prompt; plain text is enough here
+    (the template adds no word the YAML matches)."""
+    family = load_family(default_models_dir())
+    prompts = load_prompts(family)
+    assert set(prompts) == {"support", "code", "general"} and all(len(p) == 24 for p in prompts.values())
+    for name, draft in (("tuned", "support"), ("untuned", "support-untuned")):
+        routes = route_labels(family.config_path(name), prompts)
+        assert routes["support"] == {"routed": ["support"], "draft": draft}
+        assert routes["code"] == {"routed": ["code"], "draft": "code"}
+        assert routes["general"] == {"routed": ["default"], "draft": "general"}
+
+
+def test_workload_keeps_the_poor_engine_cold_on_the_goal_domain():
+    prompts = {d: [f"{d}{i}" for i in range(24)] for d in ("support", "code")}
+    warmup, timed = workload(prompts, 2, configs=["plain", "tuned", "untuned"], goal_domain="support",
+                             poor_config="untuned")
+    assert [len(b) for b in warmup["plain"]] == [8, 8] and warmup["untuned"] == [prompts["code"][-8:]]
+    assert [t["name"] for t in timed][:3] == ["support|1|0", "support|1|1", "support|8|0"]
+    assert all(t["configs"] == ["plain", "tuned", "untuned"] for t in timed if t["name"].startswith("support"))
+    assert all(t["configs"] == ["plain", "tuned"] for t in timed if t["name"].startswith("code"))
+    # warm-up and timed prompts are disjoint
+    assert not {p for b in warmup["plain"] for p in b} & {p for t in timed for p in t["prompts"]}
