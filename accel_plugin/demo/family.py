@@ -128,7 +128,7 @@ def as_model_input(texts: list[str], family: Family, tokenizer_dir: Path) -> lis
 
 def route_labels(config_path: Path, prompts: dict[str, list[str]]) -> dict[str, dict]:
     """Per prompt-domain label: the proposer domain its prompts are routed to and its draft."""
-    from ..speculative.draft_config.schema import load_draft_config
+    from ..speculative.draft_config import load_draft_config
     from ..speculative.router import DomainRouter
 
     config = load_draft_config(config_path)

@@ -2,10 +2,8 @@
 
 The speedup model is :mod:`.speedup`: ``S(a, k, c, v) = (1 - a^(k+1)) / ((1 - a)
 (k c + 1 + v(k)))``. Per domain the controller estimates ``a`` from a window of
-observations (one per request and step: drafted ``k``, accepted ``n``) as accepted /
-tested positions (a position is tested when every earlier draft was accepted:
-``n + (n < k)`` positions, the maximum-likelihood estimate, unlike accepted /
-drafted which is biased low). ``c`` and ``v`` come from paired timings per batch
+observations (:mod:`.acceptance`: one per request and step, drafted ``k`` and
+accepted ``n``, as accepted / tested positions). ``c`` and ``v`` come from paired timings per batch
 bucket (:mod:`.costs`: a draft call with the target step right after it, a plain
 step with its verifying neighbours; buckets of rows 1, 2, 3-4, 5-8, ...; a band
 around the weight-size ratio), so a slow or fast spell of a shared machine moves
@@ -39,19 +37,17 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from .draft_config.schema import ControllerConfig
+from .acceptance import AcceptanceWindow
 from .costs import MIN_PAIRS, StepCosts, batch_bucket, nearest
+from .domain_stats import DomainState, DomainStats
+from .draft_config.schema import ControllerConfig
 from .speedup import best_k, expected_speedup, expected_tokens
 
 __all__ = [
-    "AcceptanceWindow",
     "DomainController",
-    "DomainState",
-    "DomainStats",
     "batch_bucket",  # re-exported from .costs
     "best_k",  # re-exported from .speedup
     "expected_speedup",
@@ -64,107 +60,6 @@ _EARLY_CALIBRATION = 2
 _WARMUP_WAIT = 32
 #: a new k must predict more than this much (relative) above the current k
 _K_MARGIN = 0.01
-
-
-class AcceptanceWindow:
-    """The last ``size`` observations ``(k drafted, n accepted)``, with running sums."""
-
-    def __init__(self, size: int, k_max: int):
-        self.size = size
-        self._obs: deque[tuple[int, int]] = deque()
-        self.tested = 0
-        self.accepted = 0
-        self.drafted = 0
-        # per position j (0-based): how often it was tested / accepted
-        self.pos_tested = [0] * k_max
-        self.pos_accepted = [0] * k_max
-
-    def __len__(self) -> int:
-        return len(self._obs)
-
-    def _apply(self, k: int, n: int, sign: int) -> None:
-        tested = min(n + 1, k)
-        self.tested += sign * tested
-        self.accepted += sign * n
-        self.drafted += sign * k
-        for j in range(min(tested, len(self.pos_tested))):
-            self.pos_tested[j] += sign
-            if j < n:
-                self.pos_accepted[j] += sign
-
-    def add(self, k: int, n: int) -> None:
-        if k <= 0:
-            return
-        if not 0 <= n <= k:
-            raise ValueError(f"accepted must be in 0..{k}; got {n}")
-        self._obs.append((k, n))
-        self._apply(k, n, +1)
-        if len(self._obs) > self.size:
-            self._apply(*self._obs.popleft(), -1)
-
-    @property
-    def alpha(self) -> float | None:
-        """Per-position acceptance (accepted / tested positions); ``None`` without data."""
-        return self.accepted / self.tested if self.tested else None
-
-    def per_position(self) -> list[float | None]:
-        """Conditional acceptance at each draft position (given all earlier accepted)."""
-        return [a / t if t else None for a, t in zip(self.pos_accepted, self.pos_tested)]
-
-
-class DomainState:
-    """What the controller does with a domain right now."""
-
-    WARMUP = "warmup"  #: too few observations: drafting controller.warmup_k
-    ON = "on"  #: drafting the k that maximises S
-    OFF = "off"  #: below break-even: k = 0 except probes
-    FIXED = "fixed"  #: adaptive: false
-    FAILED = "failed"  #: the draft model raised; off until restart
-    NO_DRAFT = "no-draft"  #: the YAML gives this domain no draft
-
-
-@dataclass
-class DomainStats:
-    """Counters of one domain, as :meth:`DomainController.stats` returns them.
-
-    ``state``, ``k``, ``cost_ratio``, ``verify_overhead``, ``target_step_ms`` and
-    ``verify_step_ms`` are those of the batch bucket of the last step (``bucket``).
-    """
-
-    domain: str
-    draft: str | None
-    state: str
-    k: int
-    k_max: int
-    steps: int = 0  #: (request, step) pairs that drafted
-    drafted: int = 0  #: draft tokens proposed
-    accepted: int = 0  #: draft tokens the target accepted
-    alpha: float | None = None  #: windowed per-position acceptance
-    acceptance_per_pos: list[float | None] = field(default_factory=list)
-    cost_ratio: float | None = None  #: c used: one draft forward / one plain target step (paired, within the size band)
-    verify_overhead: float | None = None  #: v at the current k (k = 1 when off): extra time of a verifying step / a plain one
-    draft_forward_ms: float | None = None  #: median time of one batched draft forward (last 64 rounds)
-    target_step_ms: float | None = None  #: median time of one plain target step at this bucket
-    verify_step_ms: float | None = None  #: median time of a target step that verified drafts at this bucket
-    expected_speedup: float | None = None
-    error: str | None = None
-    bucket: int = 1  #: batch bucket of the last step: 1, 2, 4 (3-4 rows), 8 (5-8 rows) ...
-    cost_ratio_measured: float | None = None  #: the paired measurement of c, before the size band
-    cost_ratio_size: float | None = None  #: draft bytes / target bytes per forward (None: sizes unknown)
-    by_bucket: dict[int, tuple[str, int]] = field(default_factory=dict)  #: (state, k) per bucket decided so far
-    switches: int = 0  #: on/off switches so far, all buckets
-    #: per bucket decided so far: state, k, c, v and the predicted S there
-    costs_by_bucket: dict[int, dict] = field(default_factory=dict)
-
-    @property
-    def acceptance_rate(self) -> float:
-        """accepted / drafted over the whole run (vLLM's definition)."""
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """1 + accepted / drafting steps (vLLM's "mean acceptance length")."""
-        return 1.0 + self.accepted / self.steps if self.steps else 1.0
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -34,13 +34,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from .draft_config.issues import ConfigIssue, DraftConfigError
+from .draft_config.loading import load_draft_config
 from .draft_config.schema import DraftConfig
-from .controller import DomainController, DomainStats
+from .draft_config.target import DraftTarget
+from .controller import DomainController
+from .domain_stats import DomainStats
 from .draft_engine import DraftCache, DraftEngine, DraftJob
 from .router import DomainRouter
 
@@ -100,6 +105,36 @@ class DomainProposer:
         self._last_log = clock()
         self.num_steps = 0
         self.propose_seconds = 0.0  #: total time spent in propose (all drafting overhead)
+
+    @classmethod
+    def for_target(cls, config: DraftConfig | str | Path, target: DraftTarget, *,
+                   detokenize: Callable[[Sequence[int]], str], logger: logging.Logger | None = None,
+                   initial_slots: int = 8, clock: Callable[[], float] | None = None,
+                   extra_issues: Sequence[ConfigIssue] = ()) -> DomainProposer:
+        """The proposer of ``config`` (a loaded config, or the YAML's path) for ``target``.
+
+        Checks the config against the target (:meth:`DraftTarget.issues`) and raises
+        one :class:`DraftConfigError` with ``extra_issues`` (the adapter's own, first)
+        and those; resolves ``dtype: auto`` to the target's dtype; gives the controller
+        the target's weight bytes, counted from its checkpoint (frameworks may repack
+        weights out of ``parameters()``). The drafts are not loaded: call :meth:`load`.
+        A subclass (a third-party proposer from the registry) is built by its own
+        ``__init__`` with the same arguments.
+        """
+        from .draft_format import checkpoint_parameters
+
+        if not isinstance(config, DraftConfig):
+            config = load_draft_config(config)
+        issues = [*extra_issues, *target.issues(config)]
+        if issues:
+            raise DraftConfigError(issues)
+        dtype = target.dtype if config.dtype == "auto" else getattr(torch, config.dtype)
+        params = checkpoint_parameters(target.model_dir)
+        return cls(
+            config, detokenize, max_len=target.max_len, dtype=dtype, device=target.device,
+            initial_slots=initial_slots, clock=clock or time.perf_counter, logger=logger,
+            target_bytes=params * target.dtype.itemsize if params else None, target_dir=str(target.model_dir),
+        )
 
     def load(self) -> None:
         """Load every draft model now (start-up) rather than at first use."""
@@ -276,6 +311,16 @@ class DomainProposer:
     def stats(self) -> dict[str, DomainStats]:
         """Per-domain counters (drafted, accepted, k, state, acceptance, cost ratio)."""
         return self.controller.stats()
+
+    def stats_dict(self) -> dict[str, dict]:
+        """:meth:`stats` as plain dicts (JSON-able), with the derived rates and the
+        proposer's own time per step: what the adapters report per domain."""
+        propose_ms = 1e3 * self.propose_seconds / self.num_steps if self.num_steps else None
+        return {
+            name: {**asdict(s), "acceptance_rate": s.acceptance_rate,
+                   "mean_acceptance_length": s.mean_acceptance_length, "propose_ms_per_step": propose_ms}
+            for name, s in self.stats().items()
+        }
 
     def _maybe_log(self) -> None:
         interval = self.config.controller.log_interval_s

@@ -12,7 +12,7 @@ from typing import Any
 
 from accel_plugin.plugins.hookspecs import hookimpl
 
-from . import FRAMEWORK
+from ._names import FRAMEWORK
 
 
 @hookimpl

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -58,12 +57,7 @@ def collect_stats() -> dict[str, dict]:
     """Per-domain counters of this process's proposers, as plain dicts (JSON-able)."""
     out: dict[str, dict] = {}
     for proposer in live_proposers():
-        core = proposer.core
-        propose_ms = 1e3 * core.propose_seconds / core.num_steps if core.num_steps else None
-        for name, stats in proposer.stats().items():
-            out[name] = {**asdict(stats), "acceptance_rate": stats.acceptance_rate,
-                         "mean_acceptance_length": stats.mean_acceptance_length,
-                         "propose_ms_per_step": propose_ms}
+        out.update(proposer.core.stats_dict())
     return out
 
 
@@ -79,7 +73,7 @@ def _core_proposer() -> tuple[str, type]:
     process's registry (the one :func:`accel_plugin.adapters.vllm.register` built)."""
     from accel_plugin.plugins.manager import process_plugins
 
-    from . import FRAMEWORK
+    from ._names import FRAMEWORK
 
     return process_plugins().proposer(FRAMEWORK, display="vLLM")
 
@@ -97,7 +91,7 @@ class DomainDraftProposer:
         refusal = _compat.speculation_refusal()
         if refusal is not None:  # at start-up, not at the first verification step
             raise UnsupportedFrameworkVersion(f"accel-plugin's domain proposer cannot run here: {refusal}")
-        from accel_plugin.speculative.draft_config.schema import ConfigIssue, DraftConfigError, check_against_target, load_draft_config
+        from accel_plugin.speculative.draft_config import ConfigIssue, DraftConfigError, DraftTarget
 
         path = envs.draft_config_path()
         if path is None:
@@ -108,32 +102,23 @@ class DomainDraftProposer:
             )])
         model_config = vllm_config.model_config
         spec_config = vllm_config.speculative_config
-        config = load_draft_config(path)
-        check_against_target(
-            config,
-            model_config.model,
-            framework_k=spec_config.num_speculative_tokens,
-            tokenizer_dir=model_config.tokenizer,
-            target_trust_remote_code=bool(getattr(model_config, "trust_remote_code", False)),
-        )
-        self.config = config
-        self.num_speculative_tokens = spec_config.num_speculative_tokens
-        self._model_dir = model_config.model
-        self._dtype = model_config.dtype
-        self._tokenizer = self._load_tokenizer(model_config)
-        dtype = model_config.dtype if config.dtype == "auto" else getattr(__import__("torch"), config.dtype)
-        device = vllm_config.device_config.device
-        self.proposer_name, proposer_cls = _core_proposer()
-        self.core = proposer_cls(
-            config,
-            self._detokenize,
+        target = DraftTarget(
+            model_dir=model_config.model,
+            dtype=model_config.dtype,
             max_len=model_config.max_model_len,
-            dtype=dtype,
-            device=device,
-            initial_slots=min(16, vllm_config.scheduler_config.max_num_seqs),
-            logger=_logger(),
-            target_dir=model_config.model,
+            device=vllm_config.device_config.device,
+            tokenizer_dir=model_config.tokenizer,
+            trust_remote_code=bool(getattr(model_config, "trust_remote_code", False)),
+            framework_k=spec_config.num_speculative_tokens,
         )
+        self.proposer_name, proposer_cls = _core_proposer()
+        self.core = proposer_cls.for_target(
+            path, target, detokenize=self._detokenize, logger=_logger(),
+            initial_slots=min(16, vllm_config.scheduler_config.max_num_seqs),
+        )
+        config = self.config = self.core.config
+        self.num_speculative_tokens = spec_config.num_speculative_tokens
+        self._tokenizer = self._load_tokenizer(model_config)
         _LIVE.add(self)
         from .metrics import proposer_recorder
 
@@ -158,14 +143,7 @@ class DomainDraftProposer:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def load_model(self, target_model: Any = None) -> None:
-        """Called by vLLM once the target is loaded: load every draft model now, and
-        tell the controller the target's weight bytes (the size check of its costs)."""
-        from accel_plugin.speculative.draft_format import checkpoint_parameters
-
-        # counted from the checkpoint: vLLM's CPU build repacks linear weights out of parameters()
-        params = checkpoint_parameters(self._model_dir)
-        if params:
-            self.core.controller.set_target_bytes(params * self._dtype.itemsize)
+        """Called by vLLM once the target is loaded: load every draft model now."""
         self.core.load()
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,

@@ -35,10 +35,10 @@ from pathlib import Path
 
 import pytest
 from accel_plugin.adapters import tgi
-from accel_plugin.adapters.tgi import _compat, _patches, _startup, speculative
+from accel_plugin.adapters.tgi import _compat, _loguru, _patches, _startup, _tgi, _wrappers, speculative
 
 from accel_plugin import envs
-from accel_plugin.speculative.draft_config.schema import DraftConfigError
+from accel_plugin.speculative.draft_config import DraftConfigError
 
 _spec = importlib.util.spec_from_file_location("_tgi_attention_contract", Path(__file__).with_name("test_tgi_contract.py"))
 _attention_contract = importlib.util.module_from_spec(_spec)
@@ -333,7 +333,7 @@ def test_the_pth_line_installs_the_hook_for_the_draft_config_alone(tmp_path):
 
 def test_draft_config_without_speculate_is_refused_naming_the_flag(fake_tgi, write_config, models):
     flash = fake_tgi(draft_config=write_config())
-    with pytest.raises(speculative.SpeculationConfigError, match="--speculate 3.*or unset ACCEL_DRAFT_CONFIG"):
+    with pytest.raises(_tgi.SpeculationConfigError, match="--speculate 3.*or unset ACCEL_DRAFT_CONFIG"):
         build(flash, speculate=0, model_id=models["target"])
 
 
@@ -352,7 +352,7 @@ def test_k_max_above_speculate_is_refused_naming_both(fake_tgi, write_config, mo
 ])
 def test_unsupported_targets_are_refused(fake_tgi, write_config, models, kwargs, match):
     flash = fake_tgi(draft_config=write_config())
-    with pytest.raises(speculative.SpeculationConfigError, match=match):
+    with pytest.raises(_tgi.SpeculationConfigError, match=match):
         build(flash, model_id=models["target"], **kwargs)
 
 
@@ -382,7 +382,7 @@ def test_seqlen_max_k_workaround_wraps_tgi_attention_and_gives_way_to_ours(fake_
 
 def test_the_workaround_raises_max_k_to_max_s():
     seen = []
-    wrapper = speculative.with_full_max_k(lambda q, c, m, s, b, seqlen, max_s, **kw: seen.append((seqlen.max_k, kw)))
+    wrapper = _wrappers.with_full_max_k(lambda q, c, m, s, b, seqlen, max_s, **kw: seen.append((seqlen.max_k, kw)))
     seqlen = type("Seqlen", (), {"max_k": 8})()
     wrapper(None, None, None, 1.0, None, seqlen, 11, kv_scales="scales")
     wrapper(None, None, None, 1.0, None, seqlen, 9, kv_scales="scales")  # never lowered
@@ -488,7 +488,7 @@ def test_the_proposer_logs_through_tgi_logger(fake_tgi, write_config, models):
     try:
         flash = fake_tgi(draft_config=write_config())
         model = build(flash, model_id=models["target"])
-        logging.getLogger(speculative.LOGGER_NAME).info("speculation: %s", "summary")
+        logging.getLogger(_loguru.LOGGER_NAME).info("speculation: %s", "summary")
     finally:
         logger.remove(sink)
     text = "".join(lines)

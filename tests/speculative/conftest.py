@@ -33,7 +33,7 @@ def draft_dir(tiny_models):
 @pytest.fixture
 def make_config(tmp_path):
     """``make_config(yaml_text)`` -> validated DraftConfig written under tmp_path."""
-    from accel_plugin.speculative.draft_config.schema import load_draft_config
+    from accel_plugin.speculative.draft_config import load_draft_config
 
     def make(text: str):
         path = tmp_path / "drafts.yaml"

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from accel_plugin.speculative.draft_config.schema import ControllerConfig
 from accel_plugin.speculative import controller as controller_module
-from accel_plugin.speculative.controller import AcceptanceWindow, DomainController, DomainState
+from accel_plugin.speculative.acceptance import AcceptanceWindow
+from accel_plugin.speculative.controller import DomainController
+from accel_plugin.speculative.domain_stats import DomainState
 from accel_plugin.speculative.speedup import best_k, expected_speedup, expected_tokens
 
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from accel_plugin.speculative.draft_config.schema import ControllerConfig
-from accel_plugin.speculative.controller import DomainController, DomainState, batch_bucket
+from accel_plugin.speculative.controller import DomainController, batch_bucket
+from accel_plugin.speculative.domain_stats import DomainState
 from accel_plugin.speculative.speedup import best_k, expected_speedup
 
 DRAFT = {"good": "/d/good", "poor": "/d/poor", "mid": "/d/mid", "edge": "/d/edge", "chat": None}

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from accel_plugin.speculative.draft_format import DraftFormatError, load_tensors, read_spec
-from accel_plugin.speculative.llama import DraftModelError, LlamaDraftModel
+from accel_plugin.speculative.llama import LlamaDraftModel
+from accel_plugin.speculative.llama_weights import DraftModelError
 from accel_plugin.tuning.draft_lm import draft_from_target, head_vocab_from_counts, load_draft
 
 

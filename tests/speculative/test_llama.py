@@ -8,7 +8,8 @@ import shutil
 import pytest
 import torch
 
-from accel_plugin.speculative.llama import DraftModelError, LlamaDraftModel
+from accel_plugin.speculative.llama import LlamaDraftModel
+from accel_plugin.speculative.llama_weights import DraftModelError
 
 #: max |logit difference| against transformers, by dtype (fp32: rounding order only)
 TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 0.15}
@@ -74,7 +75,7 @@ def test_rows_in_any_slot_order_and_capacity_growth(model_dir):
     logits = run(model, seqs[::-1], [0, 0, 0], slots[::-1])
     for i, s in enumerate(seqs[::-1]):
         assert (logits[i] - hf_logits(model_dir, s)).abs().max() < TOLERANCE[torch.float32]
-    assert model.k_cache[0].shape[2] >= 150
+    assert model.kv.k_cache[0].shape[2] >= 150
 
 
 def test_bfloat16_close_to_reference(tiny_models):
@@ -92,7 +93,7 @@ def test_slots_are_reused(tiny_models):
     model.free_slot(a)
     assert model.alloc_slot() == a
     c = model.alloc_slot()  # grows
-    assert c not in (a, b) and model.k_cache[0].shape[0] == 4
+    assert c not in (a, b) and model.kv.k_cache[0].shape[0] == 4
 
 
 def test_unsupported_checkpoints_are_refused(tiny_models, tmp_path):

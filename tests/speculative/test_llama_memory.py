@@ -91,8 +91,8 @@ def test_no_thrash_around_a_boundary(model_dir, monkeypatch):
     """Requests arriving and leaving one at a time around a power of two resize once."""
     model = LlamaDraftModel(model_dir, max_len=MAX_LEN, initial_slots=1)
     resizes = []
-    original = model._resize
-    monkeypatch.setattr(model, "_resize", lambda s, c: (resizes.append((s, c)), original(s, c)))
+    original = model.kv._resize
+    monkeypatch.setattr(model.kv, "_resize", lambda s, c: (resizes.append((s, c)), original(s, c)))
     held = [model.alloc_slot() for _ in range(8)]  # grows 1 -> 2 -> 4 -> 8
     assert len(resizes) == 3
     resizes.clear()
@@ -118,10 +118,10 @@ def test_freeing_twice_or_an_unknown_slot_is_harmless(model_dir):
 def test_a_shrink_on_cpu_gives_the_freed_pages_back(model_dir, monkeypatch):
     """After a shrink the C heap's free pages go back to the operating system
     (malloc_trim), once per shrink and never on a grow or a free without shrink."""
-    from accel_plugin.speculative import host_memory, llama
+    from accel_plugin.speculative import draft_kv, host_memory
 
     calls = []
-    monkeypatch.setattr(llama, "release_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(draft_kv, "release_freed_memory", lambda: calls.append(1) or True)
     model = LlamaDraftModel(model_dir, max_len=MAX_LEN, initial_slots=INITIAL_SLOTS)
     slots = [model.alloc_slot() for _ in range(16)]  # grows 4 -> 8 -> 16 rows
     assert model.num_slots == 16 and calls == []

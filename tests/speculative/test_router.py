@@ -7,7 +7,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from accel_plugin.speculative.draft_config.schema import DEFAULT_DOMAIN, parse_draft_config
+from accel_plugin.speculative.draft_config import DEFAULT_DOMAIN, parse_draft_config
 from accel_plugin.speculative.router import DomainRouter, DomainRule
 
 CONFIG = r"""

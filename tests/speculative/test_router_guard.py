@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from accel_plugin.speculative.draft_config.schema import DEFAULT_DOMAIN, DraftConfigError, parse_draft_config
+from accel_plugin.speculative.draft_config import DEFAULT_DOMAIN, DraftConfigError, parse_draft_config
 from accel_plugin.speculative.router import MAX_ROUTED_CHARS, DomainRouter, DomainRule
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from accel_plugin.speculative.llama import DraftModelError, LlamaDraftModel
+from accel_plugin.speculative.llama import LlamaDraftModel
+from accel_plugin.speculative.llama_weights import DraftModelError
 
 ROOT = Path(__file__).resolve().parents[2]
 

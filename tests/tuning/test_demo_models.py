@@ -39,7 +39,7 @@ def test_drafts_are_at_least_10x_cheaper_per_token():
 
 
 def test_demo_models_load_and_the_yaml_validates():
-    from accel_plugin.speculative.draft_config.schema import check_against_target, load_draft_config
+    from accel_plugin.speculative.draft_config import check_against_target, load_draft_config
     from accel_plugin.tuning.loaders import load_lm
 
     config = load_draft_config(DEMO / "drafts.yaml")

@@ -11,7 +11,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accel_plugin.speculative.draft_config.schema import ControllerConfig, DefaultDraftConfig, DomainConfig, DraftConfig, DraftConfigError, MatchConfig, parse_draft_config
+from accel_plugin.speculative.draft_config import ControllerConfig, DefaultDraftConfig, DomainConfig, DraftConfig, DraftConfigError, MatchConfig, parse_draft_config
 
 KEYS = sorted({*DraftConfig.model_fields, *DomainConfig.model_fields, *MatchConfig.model_fields,
                *DefaultDraftConfig.model_fields, *ControllerConfig.model_fields})

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from accel_plugin.speculative.draft_config.schema import DEFAULT_DOMAIN, DraftConfigError, check_against_target, load_draft_config, parse_draft_config
+from accel_plugin.speculative.draft_config import DEFAULT_DOMAIN, DraftConfigError, check_against_target, load_draft_config, parse_draft_config
 
 
 @pytest.fixture(scope="module")
@@ -270,7 +270,7 @@ def test_regex_re2_cannot_run_is_refused_with_pattern_line_and_syntax(tmp_path, 
 
 
 def test_regex_length_is_capped(tmp_path):
-    from accel_plugin.speculative.draft_config.schema import MAX_REGEX_CHARS
+    from accel_plugin.speculative.draft_config import MAX_REGEX_CHARS
 
     long = "a" * (MAX_REGEX_CHARS + 1)
     path = write(tmp_path, f"num_speculative_tokens: 3\ndomains:\n  a:\n    draft: x\n    match: {{regex: ['{long}']}}\n")
