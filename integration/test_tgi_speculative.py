@@ -185,7 +185,7 @@ def test_tiny_lossless_with_mixed_domains_and_a_joining_batch(tgi):
 def test_tgi_own_attention_runs_with_the_max_k_workaround(tgi):
     result, stderr = tgi("own")
     assert result["max_k_patch"] and not result["attention_patch"]
-    assert result["paged_attention"].startswith("accel_plugin.adapters.tgi.speculative.with_full_max_k")
+    assert result["paged_attention"].startswith("accel_plugin.adapters.tgi._wrappers.with_full_max_k")
     assert "TGI's Seqlen.max_k workaround applied" in stderr
 
 

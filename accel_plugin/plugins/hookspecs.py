@@ -13,7 +13,7 @@ Each hook is documented for users in docs/hooks.md (a test checks it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -113,4 +113,18 @@ def accel_demo_harness(framework: str) -> Callable[..., Any] | None:
     adapter. Return a callable with the signature of
     ``accel_plugin.adapters.vllm.demo.run_side_by_side``, or ``None`` for another
     framework. firstresult: the first non-``None`` answer wins.
+    """
+
+
+@hookspec
+def accel_doctor_report(environ: Mapping[str, str] | None) -> dict[str, Any] | None:
+    """A framework adapter's section of the ``accel doctor`` report.
+
+    Called once per ``accel doctor`` run (and by ``accel demo``'s doctor step), after the
+    environment variables are reported, with the environment the doctor reports on
+    (``None``: ``os.environ``). Implemented by a framework adapter's hook module
+    (``accel_plugin.adapters.tgi.hooks``), so the core never imports an adapter. Return
+    ``{section_key: data}`` (plain, JSON-serialisable data; e.g. ``{"tgi_adapter":
+    {...}}``), added to the report under those keys, or ``None`` when the adapter has
+    nothing to report (its framework is not installed). Every answer is used.
     """

@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from . import hook_file, install_hook_file, remove_hook_file, status
+from .installation import hook_file, install_hook_file, remove_hook_file, status
 
 
 def main(argv: list[str] | None = None) -> int:

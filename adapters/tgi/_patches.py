@@ -2,13 +2,20 @@
 
 TGI has no plugin entry point and imports its attention functions by name, so the
 adapter works by import hook and monkeypatch. :data:`LEDGER` lists the patches, in
-the order they stack; a contract test applies and undoes each.
-:func:`accel_plugin.adapters.tgi.activate` installs :data:`ATTENTION_PATCHES`
-(ACCEL_ATTENTION_BACKEND), :func:`accel_plugin.adapters.tgi.activate_speculation`
-:data:`SPECULATION_PATCHES` (ACCEL_DRAFT_CONFIG), and a model that starts
-speculating while TGI's own attention is in use applies patch 3. :func:`uninstall`
-undoes every applied patch, in reverse ledger order. Installing an applied patch
-again is a no-op.
+the order they stack, in the mechanism both adapters share
+(:mod:`accel_plugin.adapters._ledger`; the kinds of patch are in :mod:`._patch_kinds`,
+the functions patches 3 and 4 put into TGI in :mod:`._wrappers`); a contract test
+applies and undoes each. :func:`accel_plugin.adapters.tgi.activate` installs
+:data:`ATTENTION_PATCHES` (ACCEL_ATTENTION_BACKEND),
+:func:`accel_plugin.adapters.tgi.activate_speculation` :data:`SPECULATION_PATCHES`
+(ACCEL_DRAFT_CONFIG), and a model that starts speculating while TGI's own attention
+is in use applies patch 3. :func:`uninstall` undoes every applied patch, in reverse
+ledger order. Installing an applied patch again is a no-op.
+
+The bodies of patches 1 and 4 call the adapter's lifecycle (activation, attaching a
+model's proposer), which applies entries of this ledger: the package connects those
+functions when it is imported (:func:`connect`), so that this module imports nothing
+above it.
 
 1. The import hook (``sys.meta_path``)
 --------------------------------------
@@ -58,7 +65,7 @@ upstream change that would remove it
 target
     ``text_generation_server.layers.attention.paged_attention`` and its by-name
     copies (the same rebinding as patch 2), wrapped by
-    :func:`.speculative.with_full_max_k`: ``seqlen.max_k = max(seqlen.max_k, max_s)``
+    :func:`._wrappers.with_full_max_k`: ``seqlen.max_k = max(seqlen.max_k, max_s)``
     before TGI's function runs. Applied when a model starts draft-model speculation
     while TGI's own attention is in use; never together with patch 2 (our
     functions never read ``max_k``; :func:`accel_plugin.adapters.tgi.activate`
@@ -79,8 +86,8 @@ upstream change that would remove it
 target
     ``text_generation_server.models.flash_causal_lm.FlashCausalLM.__init__`` and
     ``.generate_token`` (class attributes; subclasses that do not override them
-    inherit the wrappers), wrapped by :func:`.speculative.wrap_init` and
-    :func:`.speculative.wrap_generate_token`. Applied when TGI imports that module
+    inherit the wrappers), wrapped by :func:`._wrappers.wrap_init` and
+    :func:`._wrappers.wrap_generate_token`. Applied when TGI imports that module
     while ACCEL_DRAFT_CONFIG is set (:func:`accel_plugin.adapters.tgi.activate_speculation`).
 why
     TGI proposes only n-gram, Medusa or MLP-speculator tokens, and has no seam for a
@@ -105,211 +112,50 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable
 from types import ModuleType
+from typing import Any
 
-from . import _hook
+from .._ledger import Ledger
+from . import _hook, _wrappers
+from ._names import ATTENTION_PACKAGE, HOOK_OWNER, SPECULATION_MODULE, TGI_PACKAGE
+from ._patch_kinds import ImportHook, RebindGlobals, TGIPatch, WrapMethods
 
 __all__ = [
     "ATTENTION_FUNCTIONS",
-    "ATTENTION_PACKAGE",
     "ATTENTION_PATCHES",
     "DRAFT_SPECULATION",
-    "HOOK_OWNER",
     "IMPORT_HOOK",
     "LEDGER",
     "SEQLEN_MAX_K",
-    "SPECULATION_MODULE",
     "SPECULATION_PATCHES",
-    "TGI_PACKAGE",
-    "Patch",
-    "RebindGlobals",
-    "WrapMethods",
     "applied",
     "apply",
+    "connect",
     "install_import_hook",
     "on_import",
     "uninstall",
 ]
 
-TGI_PACKAGE = "text_generation_server"
-ATTENTION_PACKAGE = f"{TGI_PACKAGE}.layers.attention"
-#: The module whose FlashCausalLM the speculation wraps (patch 4).
-SPECULATION_MODULE = f"{TGI_PACKAGE}.models.flash_causal_lm"
-#: Marks our finder on sys.meta_path.
-HOOK_OWNER = "accel-plugin-tgi"
+#: The adapter's lifecycle functions that the bodies of patches 1 and 4 call (they apply
+#: entries of this ledger, so they live above it); set by :func:`connect`.
+_lifecycle: dict[str, Callable] = {}
 
 
-class Patch:
-    """One entry of the ledger: what it changes, why, how it is undone, what would remove it.
-
-    Subclasses implement :meth:`_apply` and :meth:`_revert`; :meth:`on_import` gets
-    every ``text_generation_server`` module imported while the patch is applied.
-    """
-
-    def __init__(self, name: str, *, target: str, why: str, undo: str, upstream: str) -> None:
-        self.name, self.target, self.why, self.undo, self.upstream = name, target, why, undo, upstream
-        self.applied = False
-
-    def apply(self) -> None:
-        if not self.applied:
-            self._apply()
-            self.applied = True
-
-    def revert(self) -> None:
-        if self.applied:
-            self._revert()
-            self.applied = False
-
-    def on_import(self, module: ModuleType) -> None:
-        """Called for each TGI module imported while applied (default: nothing)."""
-
-    def _apply(self) -> None:
-        raise NotImplementedError
-
-    def _revert(self) -> None:
-        raise NotImplementedError
-
-    def __repr__(self) -> str:
-        return f"<Patch {self.name!r}: {self.target}{' (applied)' if self.applied else ''}>"
+def connect(*, activate: Callable[[], object], activate_speculation: Callable[[], object],
+            attach: Callable[[Any], object]) -> None:
+    """Give the ledger the functions its patch bodies call: ``activate()`` and
+    ``activate_speculation()`` (the import hook, when TGI imports the attention package or
+    the module of FlashCausalLM) and ``attach(model)`` (after ``FlashCausalLM.__init__``).
+    The package :mod:`accel_plugin.adapters.tgi` calls this when it is imported."""
+    _lifecycle.update(activate=activate, activate_speculation=activate_speculation, attach=attach)
 
 
-class ImportHook(Patch):
-    """Patch 1: the post-import finder on ``sys.meta_path``."""
-
-    def _apply(self) -> None:
-        _hook.install_hook(TGI_PACKAGE, _dispatch, HOOK_OWNER)
-
-    def _revert(self) -> None:
-        _hook.remove_hook(HOOK_OWNER)
-
-    @property
-    def present(self) -> bool:
-        return _hook.find_hook(HOOK_OWNER) is not None
-
-
-class RebindGlobals(Patch):
-    """Patches 2 and 3 (generic): replace functions of ``package`` in every TGI module that binds them.
-
-    ``replacements()`` returns ``{name: replacement}``; the originals are the package's
-    attributes of those names when the patch is applied. A module's global is
-    replaced when it *is* an original (``from package import name``, under any
-    alias). The originals' home modules keep them.
-    """
-
-    def __init__(self, name: str, *, package: str, replacements: Callable[[], dict[str, Callable]],
-                 **ledger: str) -> None:
-        super().__init__(name, **ledger)
-        self.package = package
-        self._replacements = replacements
-        self._pairs: dict[int, tuple[Callable, Callable]] = {}  # id(original or ours) -> (original, ours)
-        self._homes: set[str] = set()
-        self._records: list[tuple[str, str, Callable, Callable]] = []  # module, attr, original, ours
-        self._recorded: set[tuple[str, str]] = set()
-
-    def _apply(self) -> None:
-        package = sys.modules[self.package]
-        self._pairs.clear()
-        self._homes.clear()
-        for attr, ours in self._replacements().items():
-            original = getattr(package, attr)
-            if getattr(original, "__accel_replacement__", False):
-                raise RuntimeError(f"{self.package}.{attr} is already replaced by accel-plugin")
-            self._pairs[id(original)] = (original, ours)
-            self._pairs[id(ours)] = (original, ours)
-            self._homes.add(getattr(original, "__module__", "") or "")
-        for module in list(sys.modules.values()):
-            self._rebind(module)
-
-    def on_import(self, module: ModuleType) -> None:
-        self._rebind(module)
-
-    def _rebind(self, module) -> None:
-        """Bind ours where an original is; record every binding of ours (also those a
-        module took from the already patched package), so that revert finds them all."""
-        name = getattr(module, "__name__", None)
-        if not isinstance(name, str) or name in self._homes:
-            return
-        if name != TGI_PACKAGE and not name.startswith(TGI_PACKAGE + "."):
-            return
-        namespace = getattr(module, "__dict__", None)
-        if not isinstance(namespace, dict):
-            return
-        for attr, value in list(namespace.items()):
-            pair = self._pairs.get(id(value))
-            if pair is None or (value is not pair[0] and value is not pair[1]):
-                continue
-            if (name, attr) in self._recorded:
-                continue
-            namespace[attr] = pair[1]
-            self._recorded.add((name, attr))
-            self._records.append((name, attr, pair[0], pair[1]))
-
-    def _revert(self) -> None:
-        for module_name, attr, original, ours in reversed(self._records):
-            module = sys.modules.get(module_name)
-            if module is not None and module.__dict__.get(attr) is ours:
-                module.__dict__[attr] = original
-        self._records.clear()
-        self._recorded.clear()
-        self._pairs.clear()
-        self._homes.clear()
-
-    def rebound_modules(self) -> list[str]:
-        """Modules where one of our functions is bound now (the package first)."""
-        names: list[str] = []
-        for module_name, attr, _, ours in self._records:
-            module = sys.modules.get(module_name)
-            if module is not None and module.__dict__.get(attr) is ours and module_name not in names:
-                names.append(module_name)
-        return names
-
-
-class WrapMethods(Patch):
-    """Patch 4 (generic): wrap methods of class ``owner`` of TGI module ``module``.
-
-    ``wrappers()`` returns ``{name: make}``; ``make(original)`` returns the function
-    that replaces the class attribute ``name``. The class is patched when the patch is
-    applied (module imported already) or when the module is imported later
-    (:meth:`on_import`). A wrapper carries ``__accel_wrapped__`` (the original), so
-    a class is never wrapped twice.
-    """
-
-    def __init__(self, name: str, *, module: str, owner: str, wrappers: Callable[[], dict[str, Callable]],
-                 **ledger: str) -> None:
-        super().__init__(name, **ledger)
-        self.module, self.owner = module, owner
-        self._wrappers = wrappers
-        self._records: list[tuple[type, str, Callable, Callable]] = []  # class, attr, original, wrapper
-
-    def _apply(self) -> None:
-        module = sys.modules.get(self.module)
-        if module is not None:
-            self._wrap(module)
-
-    def on_import(self, module: ModuleType) -> None:
-        if getattr(module, "__name__", None) == self.module:
-            self._wrap(module)
-
-    def _wrap(self, module: ModuleType) -> None:
-        owner = getattr(module, self.owner)
-        for attr, make in self._wrappers().items():
-            original = owner.__dict__[attr]
-            if getattr(original, "__accel_wrapped__", None) is not None:
-                continue
-            wrapper = make(original)
-            wrapper.__accel_wrapped__ = original
-            setattr(owner, attr, wrapper)
-            self._records.append((owner, attr, original, wrapper))
-
-    def _revert(self) -> None:
-        for owner, attr, original, wrapper in reversed(self._records):
-            if owner.__dict__.get(attr) is wrapper:
-                setattr(owner, attr, original)
-        self._records.clear()
-
-    def wrapped(self) -> list[str]:
-        """``Class.attr`` of every wrapper in place now."""
-        return [f"{owner.__name__}.{attr}" for owner, attr, _, wrapper in self._records
-                if owner.__dict__.get(attr) is wrapper]
+def _call(name: str, *args: Any) -> object:
+    try:
+        function = _lifecycle[name]
+    except KeyError:
+        raise RuntimeError(f"the TGI patch ledger is not connected to the adapter ({name}): "
+                           "import accel_plugin.adapters.tgi") from None
+    return function(*args)
 
 
 def _attention_replacements() -> dict[str, Callable]:
@@ -318,8 +164,29 @@ def _attention_replacements() -> dict[str, Callable]:
     return {"attention": attention.attention, "paged_attention": attention.paged_attention}
 
 
+def _max_k_replacements() -> dict[str, Callable]:
+    return {"paged_attention": _wrappers.with_full_max_k(sys.modules[ATTENTION_PACKAGE].paged_attention)}
+
+
+def _speculation_wrappers() -> dict[str, Callable]:
+    return {"__init__": lambda original: _wrappers.wrap_init(original, lambda model: _call("attach", model)),
+            "generate_token": _wrappers.wrap_generate_token}
+
+
+def _dispatch(module: ModuleType) -> None:
+    """The import hook's callback: activation when the attention package or the
+    module of FlashCausalLM arrives; every module to the applied patches."""
+    if module.__name__ == ATTENTION_PACKAGE and not ATTENTION_FUNCTIONS.applied:
+        _call("activate")  # reads ACCEL_ATTENTION_BACKEND; unset = nothing happens
+        return
+    if module.__name__ == SPECULATION_MODULE and not DRAFT_SPECULATION.applied:
+        _call("activate_speculation")  # reads ACCEL_DRAFT_CONFIG; unset = nothing happens
+    on_import(module)
+
+
 IMPORT_HOOK = ImportHook(
     "import hook",
+    callback=_dispatch,
     target=f"sys.meta_path (a post-import finder for {TGI_PACKAGE}.*)",
     why="TGI loads no plugins and binds its attention functions by name at import time",
     undo="uninstall() removes the finder; pip uninstall (or `uninstall-hook`) removes the .pth file",
@@ -334,20 +201,6 @@ ATTENTION_FUNCTIONS = RebindGlobals(
     undo="uninstall() puts each recorded original back where our function is still bound",
     upstream="TGI calling attention through its package or a registry keyed by ATTENTION",
 )
-
-
-def _max_k_replacements() -> dict[str, Callable]:
-    from . import speculative
-
-    return {"paged_attention": speculative.with_full_max_k(sys.modules[ATTENTION_PACKAGE].paged_attention)}
-
-
-def _speculation_wrappers() -> dict[str, Callable]:
-    from . import speculative
-
-    return {"__init__": speculative.wrap_init, "generate_token": speculative.wrap_generate_token}
-
-
 SEQLEN_MAX_K = RebindGlobals(
     "Seqlen.max_k workaround",
     package=ATTENTION_PACKAGE,
@@ -369,35 +222,25 @@ DRAFT_SPECULATION = WrapMethods(
 )
 
 #: Every patch of this adapter, in the order they are applied (reverted last first).
-LEDGER: tuple[Patch, ...] = (IMPORT_HOOK, ATTENTION_FUNCTIONS, SEQLEN_MAX_K, DRAFT_SPECULATION)
+LEDGER = Ledger(IMPORT_HOOK, ATTENTION_FUNCTIONS, SEQLEN_MAX_K, DRAFT_SPECULATION)
 #: What ACCEL_ATTENTION_BACKEND activates.
-ATTENTION_PATCHES: tuple[Patch, ...] = (IMPORT_HOOK, ATTENTION_FUNCTIONS)
+ATTENTION_PATCHES: tuple[TGIPatch, ...] = (IMPORT_HOOK, ATTENTION_FUNCTIONS)
 #: What ACCEL_DRAFT_CONFIG activates (SEQLEN_MAX_K follows per model, see speculative.attach).
-SPECULATION_PATCHES: tuple[Patch, ...] = (IMPORT_HOOK, DRAFT_SPECULATION)
+SPECULATION_PATCHES: tuple[TGIPatch, ...] = (IMPORT_HOOK, DRAFT_SPECULATION)
 
 
-def apply(patches: Iterable[Patch]) -> None:
+def apply(patches: Iterable[TGIPatch]) -> None:
     """Apply ``patches`` in order; on failure, undo the ones this call applied."""
-    done = []
-    try:
-        for patch in patches:
-            if not patch.applied:
-                patch.apply()
-                done.append(patch)
-    except BaseException:
-        for patch in reversed(done):
-            patch.revert()
-        raise
+    LEDGER.apply(patches)
 
 
-def applied() -> list[Patch]:
-    return [p for p in LEDGER if p.applied]
+def applied() -> list[TGIPatch]:
+    return LEDGER.applied()  # type: ignore[return-value]
 
 
 def uninstall() -> None:
     """Undo every applied patch, last applied first (also a hook left by the ``.pth``)."""
-    for patch in reversed(LEDGER):
-        patch.revert()
+    LEDGER.undo_all()
     _hook.remove_hook(HOOK_OWNER)
 
 
@@ -414,19 +257,4 @@ def on_import(module: ModuleType) -> None:
     """A TGI module was imported: hand it to every applied patch."""
     for patch in LEDGER:
         if patch.applied:
-            patch.on_import(module)
-
-
-def _dispatch(module: ModuleType) -> None:
-    """The import hook's callback: activation when the attention package or the
-    module of FlashCausalLM arrives; every module to the applied patches."""
-    if module.__name__ == ATTENTION_PACKAGE and not ATTENTION_FUNCTIONS.applied:
-        from . import activate
-
-        activate()  # reads ACCEL_ATTENTION_BACKEND; unset = nothing happens
-        return
-    if module.__name__ == SPECULATION_MODULE and not DRAFT_SPECULATION.applied:
-        from . import activate_speculation
-
-        activate_speculation()  # reads ACCEL_DRAFT_CONFIG; unset = nothing happens
-    on_import(module)
+            patch.on_import(module)  # type: ignore[attr-defined]

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import os
 
+from ._names import FRAMEWORK
+
 __all__ = ["AccelStartupError", "DomainDraftProposer", "SpeculationStatsExtension", "register"]
 
 #: Names re-exported lazily from .proposer, so that vLLM's
@@ -51,8 +53,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 _REGISTERED = False
-#: The name this adapter asks the accel plugins about (``AdapterComponents.framework``).
-FRAMEWORK = "vllm"
 #: What every start-up refusal ends with.
 _WAY_OUT = "vLLM was not started: fix the setting, or unset it to run vLLM without accel-plugin"
 
@@ -164,7 +164,7 @@ def _check_settings(environ=None) -> None:
         raise AccelStartupError("; ".join(map(str, errors)))
     path = envs.draft_config_path(environ)
     if path is not None:
-        from accel_plugin.speculative.draft_config.schema import DraftConfigError, load_draft_config
+        from accel_plugin.speculative.draft_config import DraftConfigError, load_draft_config
 
         try:
             load_draft_config(path)

@@ -1,8 +1,11 @@
 """Every change accel-plugin makes to vLLM's state, with its ledger.
 
-:data:`LEDGER` lists them (a test checks each is undone by :func:`undo_all`).
-:func:`accel_plugin.adapters.vllm.register` applies them; after a failed
-``register()`` it calls :func:`undo_all`, which leaves vLLM choosing as before.
+:data:`LEDGER` lists them, in the mechanism both adapters share
+(:mod:`accel_plugin.adapters._ledger`; a test checks each is undone by :func:`undo_all`).
+Each entry reads its state from vLLM (a ``ProbedPatch``):
+:func:`accel_plugin.adapters.vllm.register` applies them through the functions of this
+module; after a failed ``register()`` it calls :func:`undo_all`, which leaves vLLM
+choosing as before.
 
 1. Backend names (``register_backend``, vLLM's public API)
 ----------------------------------------------------------
@@ -83,35 +86,16 @@ upstream change that would remove it
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 
+from .._ledger import Ledger, ProbedPatch
 from . import _compat
 from .backend import BACKEND_CLASS_PATHS
 
 __all__ = [
-    "LEDGER", "Patch", "cpu_override_active", "expand_batch_to_tokens_broken", "expand_batch_to_tokens_torch",
+    "LEDGER", "cpu_override_active", "expand_batch_to_tokens_broken", "expand_batch_to_tokens_torch",
     "install", "install_sampler_fix", "installed", "sampler_fix_installed", "set_env_choice", "undo_all",
     "uninstall", "uninstall_sampler_fix",
 ]
-
-
-@dataclass(frozen=True)
-class Patch:
-    """One entry of the ledger (the module docstring has the details)."""
-
-    name: str
-    target: str
-    undo: str
-
-
-LEDGER = (
-    Patch("backend names", "AttentionBackendEnum.ACCEL_FLASH / ACCEL_PAGED",
-          "cannot be removed from vLLM's enum; inert once patches 2 and 3 are undone"),
-    Patch("selector", f"<current platform>.{_compat.SELECTOR_METHOD}", "uninstall()"),
-    Patch("CPU backend override", "AttentionBackendEnum.CPU_ATTN", "override_cpu_backend(None)"),
-    Patch("CPU sampler fix", "vllm.v1.sample.rejection_sampler.expand_batch_to_tokens",
-          "uninstall_sampler_fix()"),
-)
 
 _ORIGINAL_ATTR = "__accel_original__"
 _state: dict[str, object] = {"env_choice": None, "env_setting": None, "warned": set()}
@@ -273,10 +257,61 @@ def uninstall_sampler_fix() -> None:
         setattr(module, _EXPAND, original)
 
 
+def _register_backend_names() -> None:
+    for name, class_path in BACKEND_CLASS_PATHS.items():
+        _compat.register_backend_name(name, class_path)
+
+
+def _names_registered() -> bool:
+    return all(_compat.backend_member(name) is not None for name in BACKEND_CLASS_PATHS)
+
+
+def _selector_installed() -> bool:
+    return installed(type(_compat.current_platform()))
+
+
+def _clear_cpu_override() -> None:
+    _compat.override_cpu_backend(None)
+
+
+#: Every change of this adapter to vLLM, in ledger order (the module docstring has the
+#: details). Each entry reads its state from vLLM (``register()`` applies them through the
+#: functions above); :func:`undo_all` reverts them.
+LEDGER = Ledger(
+    ProbedPatch(
+        "backend names", probe=_names_registered, apply=_register_backend_names,
+        target="AttentionBackendEnum.ACCEL_FLASH / ACCEL_PAGED",
+        why="so that --attention-backend ACCEL_FLASH parses and resolves to our class",
+        undo="cannot be removed from vLLM's enum; inert once patches 2 and 3 are undone",
+        upstream="none needed: vLLM's register_backend (0.32 on) is the intended extension point"),
+    ProbedPatch(
+        "selector", probe=_selector_installed, apply=install, revert=uninstall,
+        target=f"<current platform>.{_compat.SELECTOR_METHOD}",
+        why="ACCEL_ATTENTION_BACKEND selects our backend with no other flag; the CPU platform ignores the "
+            "requested backend",
+        undo="uninstall()",
+        upstream="a platform-independent default backend for general plugins; the CPU platform honouring "
+                 "selected_backend"),
+    ProbedPatch(
+        "CPU backend override", probe=cpu_override_active, revert=_clear_cpu_override,
+        target="AttentionBackendEnum.CPU_ATTN",
+        why="parts of vLLM's CPU worker resolve CPU_ATTN directly, not through the selector",
+        undo="override_cpu_backend(None)",
+        upstream="the CPU platform honouring selected_backend"),
+    ProbedPatch(
+        "CPU sampler fix", probe=sampler_fix_installed, apply=install_sampler_fix, revert=uninstall_sampler_fix,
+        target="vllm.v1.sample.rejection_sampler.expand_batch_to_tokens",
+        why="vLLM CPU 0.32's expand_batch_to_tokens leaves the drafts' temperatures unset: sampling stops "
+            "being lossless",
+        undo="uninstall_sampler_fix()",
+        upstream="a fixed CPU expand_batch_to_tokens (vllm-project/vllm PR #42638 was closed unmerged)"),
+)
+
+
 def undo_all(platform_cls=None) -> None:
-    """Undo patches 2, 3 and 4 (patch 1 cannot be undone, see the ledger)."""
+    """Undo patches 2, 3 and 4 (patch 1 cannot be undone, see the ledger); ``platform_cls``:
+    a platform class whose selector is patched besides the current platform's."""
     set_env_choice(None)
-    uninstall(platform_cls)
-    if cpu_override_active():
-        _compat.override_cpu_backend(None)
-    uninstall_sampler_fix()
+    if platform_cls is not None:
+        uninstall(platform_cls)
+    LEDGER.undo_all()

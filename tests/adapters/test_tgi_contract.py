@@ -19,7 +19,7 @@ import textwrap
 import pytest
 import torch
 from accel_plugin.adapters import tgi
-from accel_plugin.adapters.tgi import _compat, _patches
+from accel_plugin.adapters.tgi import _compat, _names, _patches
 from accel_plugin.adapters.tgi import attention as accel_attention
 
 from accel_plugin import envs
@@ -158,7 +158,7 @@ def fake_tgi(tmp_path, monkeypatch):
 
 
 def our_finders():
-    return [f for f in sys.meta_path if getattr(f, "owner", None) == _patches.HOOK_OWNER]
+    return [f for f in sys.meta_path if getattr(f, "owner", None) == _names.HOOK_OWNER]
 
 
 def imp(name):

@@ -84,3 +84,16 @@ def test_importing_the_adapter_is_cheap():
     )
     proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd="/")
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_adapter_reports_to_the_doctor_through_its_hook_module(monkeypatch):
+    """accel.tgi is one of accel-plugin's own entry points; without TGI it has no section."""
+    from accel_plugin.adapters.tgi import hooks
+    from accel_plugin.plugins.manager import get_plugin_manager, plugin_names
+
+    assert "accel.tgi" in plugin_names(get_plugin_manager({}))
+    monkeypatch.setattr(hooks, "_tgi_installed", lambda: False)
+    assert hooks.accel_doctor_report(environ={}) is None
+    monkeypatch.setattr(hooks, "_tgi_installed", lambda: True)
+    section = hooks.accel_doctor_report(environ={"ATTENTION": "paged"})
+    assert list(section) == ["tgi_adapter"] and section["tgi_adapter"]["attention_env_supported"] is True
