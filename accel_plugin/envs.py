@@ -1,7 +1,10 @@
 """Every environment variable accel-plugin reads, read here and nowhere else.
 
-The user-facing documentation of these variables is docs/configuration.md; a test
-checks that every name in :data:`ENV_VARS` appears there.
+:data:`ENV_VARS` is the one table of them: name, valid values, default, meaning and
+getter. Everything else derives from it: :func:`check_all`, ``accel doctor``'s
+report, the valid values named by an error. The user-facing documentation of these
+variables is docs/configuration.md; a test checks that every name in the table
+appears there.
 
 Each getter takes an optional mapping (defaults to ``os.environ``) so callers and
 tests can evaluate a configuration without touching the process environment.
@@ -12,8 +15,9 @@ the variable, the value received and the valid values.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "ACCEL_ATTENTION_BACKEND",
@@ -26,8 +30,10 @@ __all__ = [
     "ACCEL_TRACE",
     "ATTENTION_BACKEND_CHOICES",
     "ENV_VARS",
+    "EnvVar",
     "EnvVarError",
     "attention_backend",
+    "check_all",
     "draft_config_path",
     "metrics_dir",
     "metrics_enabled",
@@ -55,24 +61,6 @@ _BOOL_VALID = "1/0, true/false, yes/no, on/off"
 DEFAULT_METRICS_LOG_INTERVAL = 10.0
 
 
-@dataclass(frozen=True)
-class EnvVar:
-    name: str
-    summary: str
-
-
-ENV_VARS: tuple[EnvVar, ...] = (
-    EnvVar(ACCEL_ATTENTION_BACKEND, "attention backend: flash, paged, auto; unset = framework default"),
-    EnvVar(ACCEL_DRAFT_CONFIG, "path of the draft-model YAML file for the domain proposer"),
-    EnvVar(ACCEL_MODELS_DIR, "cache of models fetched by `accel models get`; unset = ~/.cache/accel-plugin/models"),
-    EnvVar(ACCEL_PLUGINS, "comma-separated allowlist of third-party accel plugins (entry-point names)"),
-    EnvVar(ACCEL_TRACE, "1 = log every hook call of the plugin manager at DEBUG level"),
-    EnvVar(ACCEL_METRICS, "0 = no live metrics (Prometheus accel_* metrics, periodic log line); default on"),
-    EnvVar(ACCEL_METRICS_LOG_INTERVAL, "seconds between two metrics log lines; 0 = none; default 10"),
-    EnvVar(ACCEL_METRICS_DIR, "directory of the worker's metric files; unset = a temporary one per server"),
-)
-
-
 class EnvVarError(ValueError):
     """An environment variable is set to a value accel-plugin cannot use."""
 
@@ -85,6 +73,11 @@ def _env(environ: Mapping[str, str] | None) -> Mapping[str, str]:
     return os.environ if environ is None else environ
 
 
+def _invalid(name: str, raw: str, detail: str = "") -> EnvVarError:
+    """The error for ``name=raw``, naming the valid values of the table (and ``detail``)."""
+    return EnvVarError(name, raw, _BY_NAME[name].valid + detail)
+
+
 def attention_backend(environ: Mapping[str, str] | None = None) -> str | None:
     """ACCEL_ATTENTION_BACKEND, normalised to lower case; ``None`` when unset or empty."""
     raw = _env(environ).get(ACCEL_ATTENTION_BACKEND)
@@ -92,9 +85,7 @@ def attention_backend(environ: Mapping[str, str] | None = None) -> str | None:
         return None
     value = raw.strip().lower()
     if value not in ATTENTION_BACKEND_CHOICES:
-        raise EnvVarError(
-            ACCEL_ATTENTION_BACKEND, raw, ", ".join(ATTENTION_BACKEND_CHOICES) + " (or unset)"
-        )
+        raise _invalid(ACCEL_ATTENTION_BACKEND, raw)
     return value
 
 
@@ -117,7 +108,7 @@ def _directory(name: str, raw: str | None, expand: bool = False) -> str | None:
         return None
     value = os.path.expanduser(raw.strip()) if expand else raw.strip()
     if os.path.exists(os.path.expanduser(value)) and not os.path.isdir(os.path.expanduser(value)):
-        raise EnvVarError(name, raw, "a directory path (it may not exist yet); this one is a file")
+        raise _invalid(name, raw, "; this one is a file")
     return value
 
 
@@ -136,7 +127,7 @@ def plugin_allowlist(environ: Mapping[str, str] | None = None) -> frozenset[str]
         return None
     names = [part.strip() for part in raw.split(",")]
     if any(not n for n in names) and raw.strip() != "":
-        raise EnvVarError(ACCEL_PLUGINS, raw, "a comma-separated list of plugin names without empty items")
+        raise _invalid(ACCEL_PLUGINS, raw)
     return frozenset(n for n in names if n)
 
 
@@ -146,7 +137,7 @@ def _bool(name: str, raw: str) -> bool:
         return True
     if value in _BOOL_FALSE:
         return False
-    raise EnvVarError(name, raw, _BOOL_VALID)
+    raise _invalid(name, raw)
 
 
 def trace_enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -171,23 +162,59 @@ def metrics_log_interval(environ: Mapping[str, str] | None = None) -> float:
     except ValueError:
         value = -1.0
     if not 0.0 <= value < float("inf"):
-        raise EnvVarError(ACCEL_METRICS_LOG_INTERVAL, raw, "a number of seconds >= 0 (0 = no log line)")
+        raise _invalid(ACCEL_METRICS_LOG_INTERVAL, raw)
     return value
 
 
 def metrics_dir(environ: Mapping[str, str] | None = None) -> str | None:
     """ACCEL_METRICS_DIR: the directory of the metric files; ``None`` when unset or empty
-    (accel_plugin.observability.metrics then makes one)."""
+    (accel_plugin.observability.metrics_files then makes one)."""
     return _directory(ACCEL_METRICS_DIR, _env(environ).get(ACCEL_METRICS_DIR), expand=True)
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One row of :data:`ENV_VARS` (the columns of docs/configuration.md's table)."""
+
+    name: str
+    #: the valid values, in words (an error names them)
+    valid: str
+    #: what applies when it is unset
+    default: str
+    meaning: str
+    #: ``getter(environ=None)``: the effective value; raises :class:`EnvVarError`
+    getter: Callable[[Mapping[str, str] | None], Any]
+
+
+_DIRECTORY = "a directory path (it may not exist yet)"
+
+ENV_VARS: tuple[EnvVar, ...] = (
+    EnvVar(ACCEL_ATTENTION_BACKEND, ", ".join(ATTENTION_BACKEND_CHOICES) + " (or unset)", "the framework's default",
+           "attention backend", attention_backend),
+    EnvVar(ACCEL_DRAFT_CONFIG, "a file path (checked when the YAML is loaded)", "no domain proposer",
+           "path of the draft-model YAML file for the domain proposer", draft_config_path),
+    EnvVar(ACCEL_MODELS_DIR, _DIRECTORY, "~/.cache/accel-plugin/models",
+           "cache of models fetched by `accel models get`", models_dir),
+    EnvVar(ACCEL_PLUGINS, "a comma-separated list of plugin names without empty items", "all installed",
+           "allowlist of third-party accel plugins (entry-point names)", plugin_allowlist),
+    EnvVar(ACCEL_TRACE, _BOOL_VALID, "off", "log every hook call of the plugin manager at DEBUG level",
+           trace_enabled),
+    EnvVar(ACCEL_METRICS, _BOOL_VALID, "on", "live metrics (Prometheus accel_* metrics, periodic log line)",
+           metrics_enabled),
+    EnvVar(ACCEL_METRICS_LOG_INTERVAL, "a number of seconds >= 0 (0 = no log line)",
+           f"{DEFAULT_METRICS_LOG_INTERVAL:g}", "seconds between two metrics log lines", metrics_log_interval),
+    EnvVar(ACCEL_METRICS_DIR, _DIRECTORY, "a temporary one per server", "directory of the worker's metric files",
+           metrics_dir),
+)
+_BY_NAME = {var.name: var for var in ENV_VARS}
 
 
 def check_all(environ: Mapping[str, str] | None = None) -> list[EnvVarError]:
     """Validate every variable; returns the errors (empty when all are fine)."""
     errors: list[EnvVarError] = []
-    for getter in (attention_backend, draft_config_path, models_dir, plugin_allowlist, trace_enabled,
-                   metrics_enabled, metrics_log_interval, metrics_dir):
+    for var in ENV_VARS:
         try:
-            getter(environ)
+            var.getter(environ)
         except EnvVarError as exc:
             errors.append(exc)
     return errors

@@ -1,6 +1,6 @@
 """The start-up version gate: an adapter refuses a framework version it does not support.
 
-Kept apart from the compatibility matrix (:mod:`accel_plugin.diagnostics.compatibility`):
+Kept apart from the compatibility matrix (:mod:`accel_plugin.diagnostics.compat_cells`):
 an adapter needs only this check at start-up, not the matrix's cells and records.
 """
 

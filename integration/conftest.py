@@ -12,16 +12,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -108,124 +100,31 @@ def run_vllm():
 
 
 SERVE = SCRIPTS / "vllm_serve.py"  # `vllm serve`, see its docstring
-SERVE_START_TIMEOUT_S = 240
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-_SAMPLE = re.compile(r'^(accel_[a-z_]+)\{([^}]*)\} (\S+)$')
-
-
-class MetricSamples(dict):
-    """accel's samples of one ``/metrics`` scrape: ``{name: [(labels, value), ...]}``;
-    ``text``: the whole page (vLLM's metrics included)."""
-
-    def __init__(self, text: str):
-        super().__init__()
-        self.text = text
-        for line in text.splitlines():
-            match = _SAMPLE.match(line)
-            if match:
-                labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
-                self.setdefault(match.group(1), []).append((labels, float(match.group(3))))
-
-    def one(self, name: str, **labels: str) -> float:
-        """The value of the one sample of ``name`` whose labels include ``labels``."""
-        found = [v for lab, v in self.get(name, []) if all(lab.get(k) == w for k, w in labels.items())]
-        assert len(found) == 1, f"{name}{labels}: {found} in\n{self.text[-3000:]}"
-        return found[0]
-
-
-class VllmServer:
-    """A `vllm serve` started by the ``vllm_server`` fixture (scripts/vllm_serve.py).
-
-    ``base``: its URL; ``tmpdir``: its ``TMPDIR`` (what it leaves there shows after :meth:`stop`).
-    """
-
-    def __init__(self, proc: subprocess.Popen, base: str, log_path: Path, tmpdir: Path):
-        self.proc, self.base, self.log_path, self.tmpdir = proc, base, log_path, tmpdir
-
-    def post(self, path: str, body: dict, timeout: float = 300) -> dict:
-        request = urllib.request.Request(self.base + path, data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return json.loads(response.read())
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def scrape(self) -> MetricSamples:
-        """Its ``/metrics`` now."""
-        with urllib.request.urlopen(self.base + "/metrics", timeout=30) as response:
-            return MetricSamples(response.read().decode())
-
-    def wait_healthy(self, timeout: float = SERVE_START_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"vllm serve exited with {self.proc.returncode}:\n{self.log()[-6000:]}")
-            try:
-                with urllib.request.urlopen(self.base + "/health", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(1)
-        pytest.fail(f"vllm serve not healthy after {timeout}s:\n{self.log()[-6000:]}")
-
-    def stop(self) -> None:
-        """SIGINT to its process group (as Ctrl-C), SIGKILL after 30 s."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=30)
-
-    def leftover_metric_dirs(self) -> list[str]:
-        """accel metric directories left in its TMPDIR (none once it stopped cleanly)."""
-        return sorted(p.name for p in self.tmpdir.glob("accel-metrics-*"))
 
 
 @pytest.fixture
 def vllm_server(tmp_path):
     """Factory: ``vllm_server(model_dir, *serve_args, env={...})`` -> a healthy
-    :class:`VllmServer` on 127.0.0.1, stopped at teardown.
+    :class:`~accel_plugin.testing.vllm_server.VllmServer` on 127.0.0.1, stopped at teardown.
 
     vLLM's default multiprocess mode (``VLLM_ENABLE_V1_MULTIPROCESSING`` removed),
     ``--dtype float32 --max-model-len 512 --enforce-eager --seed 0`` unless
     ``serve_args`` say otherwise; ``env``: more variables (``None`` removes one).
     """
+    from accel_plugin.testing.vllm_server import ServerFailed, VllmServer
+
     servers: list[VllmServer] = []
 
     def start(model_dir, *serve_args: str, env: dict | None = None) -> VllmServer:
-        n = len(servers)
-        # short: vLLM puts its ZeroMQ sockets there (at most 107 characters a path)
-        tmpdir = Path(tempfile.mkdtemp(prefix="vllm-serve-"))
-        log_path = tmp_path / f"server-{n}.log"
-        environ = {**os.environ, "TMPDIR": str(tmpdir), **(env or {})}
-        environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # vLLM's default: multiprocess
-        environ = {k: v for k, v in environ.items() if v is not None}
-        port = free_port()
-        defaults = {"--dtype": "float32", "--max-model-len": "512", "--seed": "0"}
-        args = [a for k, v in defaults.items() if k not in serve_args for a in (k, v)]
-        if "--enforce-eager" not in serve_args:
-            args.append("--enforce-eager")
-        cmd = [sys.executable, str(SERVE), str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-               *args, *serve_args]
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, env=environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        server = VllmServer(proc, f"http://127.0.0.1:{port}", log_path, tmpdir)
+        log_path = tmp_path / f"server-{len(servers)}.log"
+        server = VllmServer.start(SERVE, model_dir, *serve_args, log_path=log_path, env=env)
         servers.append(server)
-        server.wait_healthy()
+        try:
+            server.wait_healthy()
+        except ServerFailed as exc:
+            pytest.fail(str(exc))
         return server
 
     yield start
     for server in servers:
-        server.stop()
-        shutil.rmtree(server.tmpdir, ignore_errors=True)
+        server.cleanup()

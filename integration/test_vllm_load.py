@@ -1,4 +1,4 @@
-"""benchmarks/load.py at CI size: `vllm serve` with accel's paged backend and the
+"""benchmarks/load/ at CI size: `vllm serve` with accel's paged backend and the
 domain proposer under 16 concurrent streaming clients (32 requests, mixed domains
 and lengths, every 6th cancelled after 3 chunks), against a stock server on the
 same requests.
@@ -14,10 +14,12 @@ docs/scale.md, "Load".
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -34,13 +36,22 @@ PROMPTS = {
 }
 
 
-def _load_benchmark():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "load.py"
-    spec = importlib.util.spec_from_file_location("accel_benchmarks_load", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+def _load_benchmark() -> SimpleNamespace:
+    """benchmarks/load/'s modules, imported from their folder under a private package name
+    (the repository root is not put on sys.path: its kernels/ would shadow the Hugging
+    Face ``kernels`` probe of transformers)."""
+    folder = Path(__file__).resolve().parents[1] / "benchmarks" / "load"
+    name = "accel_benchmarks_load"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, folder / "__init__.py",
+                                                      submodule_search_locations=[str(folder)])
+        package = importlib.util.module_from_spec(spec)
+        sys.modules[name] = package  # its modules' relative imports and dataclasses look it up
+        spec.loader.exec_module(package)
+    modules = {m: importlib.import_module(f"{name}.{m}") for m in ("measure", "results", "servers", "workload")}
+    return SimpleNamespace(workload=modules["workload"].workload, measure=modules["measure"].measure,
+                           table=modules["results"].table, stock_server_setup=modules["servers"].stock_server_setup,
+                           accel_server_setup=modules["servers"].accel_server_setup)
 
 
 def test_streaming_load_with_cancellations_matches_stock(tiny_model_dir, vllm_server, tmp_path,

@@ -1,5 +1,8 @@
 """Where a kernel call runs: compiled Triton, the Triton interpreter, or the torch reference.
 
+:func:`enter_kernel` is the one preamble every public kernel function runs: choose
+the mode, check the interpreter, validate, fall back to the reference.
+
 Triton decides at ``@triton.jit`` time (that is, when this package is imported)
 whether kernels are interpreted: ``TRITON_INTERPRET=1`` must be set before the
 import. So the mode is read from what the decorator actually produced, not from
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import Any, Callable, NamedTuple
 
 import torch
 import triton
@@ -21,7 +25,9 @@ import triton.language as tl
 
 __all__ = [
     "InterpreterUnusable",
+    "KernelEntry",
     "check_interpreter",
+    "enter_kernel",
     "kernels_interpreted",
     "runtime_mode",
     "runtime_mode_reason",
@@ -146,8 +152,12 @@ def runtime_mode_reason(device: str | torch.device | None = None) -> str:
 _warned = False
 
 
-def warn_reference_fallback(device: torch.device) -> None:
-    """Warn once per process that calls fall back to the torch reference."""
+def warn_reference_fallback(device: torch.device, stacklevel: int = 3) -> None:
+    """Warn once per process that calls fall back to the torch reference.
+
+    ``stacklevel`` as for :func:`warnings.warn`, counted from this function: the
+    default 3 points at the caller of the function that calls this one.
+    """
     global _warned
     if _warned:
         return
@@ -157,5 +167,37 @@ def warn_reference_fallback(device: torch.device) -> None:
         "use CUDA tensors, or set TRITON_INTERPRET=1 before the import to run the Triton "
         "kernels in the interpreter.",
         RuntimeWarning,
-        stacklevel=3,
+        stacklevel=stacklevel,
     )
+
+
+class KernelEntry(NamedTuple):
+    """What :func:`enter_kernel` decided for one call."""
+
+    mode: str
+    params: Any  # what ``validate`` returned
+    ran_reference: bool  # the reference computed the call: return ``result``
+    result: Any = None
+
+
+def enter_kernel(x: Any, validate: Callable[[bool], Any],
+                 reference: Callable[[Any], Any]) -> KernelEntry:
+    """The preamble of every public kernel function (flash, paged, KV write).
+
+    The mode comes from ``x``'s device (the call's first tensor; anything else counts as
+    compiled, so validation names what is wrong). In the interpreter, the probe runs
+    once per process: a clear error instead of an opaque one. ``validate(check_contents)``
+    then checks the arguments, tensor contents too off the compiled path, and returns
+    the parameters. In reference mode it warns once and returns
+    ``reference(params)`` as the result, with ``ran_reference`` set.
+    """
+    mode = runtime_mode(x.device) if isinstance(x, torch.Tensor) else COMPILED
+    if mode == INTERPRETER:
+        check_interpreter()
+    params = validate(mode != COMPILED)
+    if mode == REFERENCE:
+        # 4: the warning points at the caller of the public kernel function, as it would
+        # from that function itself.
+        warn_reference_fallback(x.device, stacklevel=4)
+        return KernelEntry(mode, params, True, reference(params))
+    return KernelEntry(mode, params, False)

@@ -27,15 +27,7 @@ import triton.language as tl
 
 from . import _common, _configs
 from . import reference as _reference
-from ._runtime import (
-    COMPILED,
-    INTERPRETER,
-    REFERENCE,
-    check_interpreter,
-    kernels_interpreted,
-    runtime_mode,
-    warn_reference_fallback,
-)
+from ._runtime import enter_kernel, kernels_interpreted
 from ._validation import SUPPORTED_DTYPES, check_flag, validate_varlen
 
 
@@ -180,17 +172,17 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         Padding rows are zero in a freshly allocated out (lse -inf) and untouched in a
         caller's out. A row that sees no key gets 0 and lse -inf.
     """
-    mode = runtime_mode(q.device) if isinstance(q, torch.Tensor) else COMPILED
-    if mode == INTERPRETER:
-        check_interpreter()  # once per process: a clear error instead of an opaque one
-    check_flag("causal", causal)
-    check_flag("return_lse", return_lse)
-    params = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                             window_size, softcap, out, SUPPORTED_DTYPES, check_contents=mode != COMPILED)
-    if mode == REFERENCE:
-        warn_reference_fallback(q.device)
-        return _reference.flash_attn_varlen_validated(q, k, v, cu_seqlens_q, cu_seqlens_k, params, causal,
-                                                      return_lse, out)
+    def validate(check_contents):
+        check_flag("causal", causal)
+        check_flag("return_lse", return_lse)
+        return validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                               window_size, softcap, out, SUPPORTED_DTYPES, check_contents=check_contents)
+
+    entry = enter_kernel(q, validate, lambda params: _reference.flash_attn_varlen_validated(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, params, causal, return_lse, out))
+    if entry.ran_reference:
+        return entry.result
+    params = entry.params
 
     total_q, num_heads, head_dim = q.shape
     if out is None:

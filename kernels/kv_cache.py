@@ -10,20 +10,11 @@ Limits: the cache dtype must equal k's (no fp8 quantisation on write).
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
 from . import reference as _reference
-from ._runtime import (
-    COMPILED,
-    INTERPRETER,
-    REFERENCE,
-    check_interpreter,
-    kernels_interpreted,
-    runtime_mode,
-    warn_reference_fallback,
-)
+from ._runtime import enter_kernel, kernels_interpreted
 from ._validation import SUPPORTED_DTYPES, validate_write_kv
 
 
@@ -63,13 +54,13 @@ def write_kv_cache(k, v, k_cache, v_cache, slot_mapping):
             strides, last dim contiguous.
         slot_mapping: int64 (or int32) [num_tokens]; slot = block * block_size + offset, -1 = skip.
     """
-    mode = runtime_mode(k.device) if isinstance(k, torch.Tensor) else COMPILED
-    if mode == INTERPRETER:
-        check_interpreter()  # once per process: a clear error instead of an opaque one
-    validate_write_kv(k, v, k_cache, v_cache, slot_mapping, SUPPORTED_DTYPES, check_contents=mode != COMPILED)
-    if mode == REFERENCE:
-        warn_reference_fallback(k.device)
-        return _reference.write_kv_cache_validated(k, v, k_cache, v_cache, slot_mapping)
+    entry = enter_kernel(
+        k,
+        lambda check_contents: validate_write_kv(k, v, k_cache, v_cache, slot_mapping, SUPPORTED_DTYPES,
+                                                 check_contents=check_contents),
+        lambda params: _reference.write_kv_cache_validated(k, v, k_cache, v_cache, slot_mapping))
+    if entry.ran_reference:
+        return entry.result
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return None

@@ -29,15 +29,7 @@ import triton.language as tl
 
 from . import _common, _configs
 from . import reference as _reference
-from ._runtime import (
-    COMPILED,
-    INTERPRETER,
-    REFERENCE,
-    check_interpreter,
-    kernels_interpreted,
-    runtime_mode,
-    warn_reference_fallback,
-)
+from ._runtime import enter_kernel, kernels_interpreted
 from ._validation import SUPPORTED_DTYPES, check_flag, validate_paged
 from .flash_attn import dot_precision
 
@@ -232,17 +224,17 @@ def paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, ma
     Returns:
         out [total_q, num_heads, head_dim] (the ``out`` passed in, if any).
     """
-    mode = runtime_mode(q.device) if isinstance(q, torch.Tensor) else COMPILED
-    if mode == INTERPRETER:
-        check_interpreter()  # once per process: a clear error instead of an opaque one
-    check_flag("causal", causal)
-    params = validate_paged(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, max_seqlen_q, max_seq_len,
-                            softmax_scale, window_size, softcap, num_splits, out, SUPPORTED_DTYPES,
-                            check_contents=mode != COMPILED)
-    if mode == REFERENCE:
-        warn_reference_fallback(q.device)
-        return _reference.paged_attention_validated(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table,
-                                                    params, causal, out)
+    def validate(check_contents):
+        check_flag("causal", causal)
+        return validate_paged(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, max_seqlen_q,
+                              max_seq_len, softmax_scale, window_size, softcap, num_splits, out,
+                              SUPPORTED_DTYPES, check_contents=check_contents)
+
+    entry = enter_kernel(q, validate, lambda params: _reference.paged_attention_validated(
+        q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, params, causal, out))
+    if entry.ran_reference:
+        return entry.result
+    params = entry.params
     if out is None:
         out = torch.zeros_like(q)
     num_seqs = seq_lens.shape[0]

@@ -78,3 +78,22 @@ def test_directory_settings_refuse_a_file_and_take_a_missing_directory(tmp_path,
         getter({name: str(a_file)})
     assert getter({name: str(tmp_path / "not-yet")}) == str(tmp_path / "not-yet")
     assert getter({name: str(tmp_path)}) == str(tmp_path) and getter({name: " "}) is None
+
+
+@pytest.mark.parametrize("name, bad", [(envs.ACCEL_ATTENTION_BACKEND, "bogus"), (envs.ACCEL_PLUGINS, "a,,b"),
+                                       (envs.ACCEL_TRACE, "maybe"), (envs.ACCEL_METRICS, "maybe"),
+                                       (envs.ACCEL_METRICS_LOG_INTERVAL, "-1")])
+def test_the_table_drives_the_errors_and_check_all(name, bad):
+    """ENV_VARS is the one list: its getter reads the variable, its valid values are the
+    error's, and check_all goes through every row."""
+    var = next(v for v in envs.ENV_VARS if v.name == name)
+    with pytest.raises(envs.EnvVarError) as info:
+        var.getter({name: bad})
+    assert info.value.name == name and info.value.valid == var.valid
+    assert [e.name for e in envs.check_all({name: bad})] == [name]
+
+
+def test_the_table_names_each_variable_once():
+    names = [v.name for v in envs.ENV_VARS]
+    assert len(set(names)) == len(names)
+    assert set(names) == {n for n in envs.__all__ if n.startswith("ACCEL_")}

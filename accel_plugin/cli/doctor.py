@@ -73,26 +73,16 @@ def _kernel_mode(device: str) -> dict[str, str]:
 
 
 def _env_report(environ=None) -> tuple[dict[str, Any], list[str]]:
-    """Effective value (or error) of every ACCEL_* variable."""
+    """Effective value (or error) of every ACCEL_* variable (:data:`accel_plugin.envs.ENV_VARS`)."""
     import os
 
     environ = os.environ if environ is None else environ
-    getters = {
-        envs.ACCEL_ATTENTION_BACKEND: envs.attention_backend,
-        envs.ACCEL_DRAFT_CONFIG: envs.draft_config_path,
-        envs.ACCEL_MODELS_DIR: envs.models_dir,
-        envs.ACCEL_PLUGINS: envs.plugin_allowlist,
-        envs.ACCEL_TRACE: envs.trace_enabled,
-        envs.ACCEL_METRICS: envs.metrics_enabled,
-        envs.ACCEL_METRICS_LOG_INTERVAL: envs.metrics_log_interval,
-        envs.ACCEL_METRICS_DIR: envs.metrics_dir,
-    }
     report: dict[str, Any] = {}
     errors: list[str] = []
-    for name, getter in getters.items():
-        raw = environ.get(name)
+    for var in envs.ENV_VARS:
+        name, raw = var.name, environ.get(var.name)
         try:
-            value = getter(environ)
+            value = var.getter(environ)
         except envs.EnvVarError as exc:
             report[name] = {"raw": raw, "error": str(exc)}
             errors.append(str(exc))
@@ -105,7 +95,7 @@ def _env_report(environ=None) -> tuple[dict[str, Any], list[str]]:
 
 def _check_draft_config(path: str) -> dict[str, Any]:
     """Load the draft YAML the way the proposer will (schema, paths, weights)."""
-    from ..speculative.draft_config.schema import DraftConfigError, load_draft_config
+    from ..speculative.draft_config import DraftConfigError, load_draft_config
 
     try:
         config = load_draft_config(path)
@@ -114,18 +104,36 @@ def _check_draft_config(path: str) -> dict[str, Any]:
     return {"path": path, "domains": list(config.drafts())}
 
 
-def _tgi_adapter(environ=None) -> dict[str, Any] | None:
-    """Whether the TGI adapter can attach here (None when TGI is not installed)."""
-    if package_version("text_generation_server") is None:
-        return None
-    from ..adapters.tgi import status  # imports neither TGI nor its attention
+def _plugin_manager(environ=None):
+    """(plugin manager, None), or (a manager of accel-plugin's own plugins only, the error)
+    when the plugins of ``environ`` cannot be loaded (the adapters still report)."""
+    import os
 
-    return status(environ=environ)
+    from ..plugins.manager import PluginLoadError, get_plugin_manager
+
+    try:
+        return get_plugin_manager(environ), None
+    except (PluginLoadError, envs.EnvVarError, ValueError) as exc:
+        own_only = {k: v for k, v in (os.environ if environ is None else environ).items() if k != envs.ACCEL_TRACE}
+        own_only[envs.ACCEL_PLUGINS] = ""
+        try:
+            return get_plugin_manager(own_only), exc
+        except (PluginLoadError, envs.EnvVarError, ValueError):
+            return None, exc
+
+
+def _adapter_sections(pm, environ=None) -> dict[str, Any]:
+    """The framework adapters' sections (hook ``accel_doctor_report``), in plugin order."""
+    sections: dict[str, Any] = {}
+    if pm is not None:
+        for answer in reversed(pm.hook.accel_doctor_report(environ=environ)):
+            sections.update(answer or {})
+    return sections
 
 
 def collect(environ=None) -> dict[str, Any]:
     """Everything the doctor reports, as plain data (also printed by ``--json``)."""
-    from ..plugins.manager import PluginLoadError, get_plugin_manager, get_registries, plugin_names
+    from ..plugins.manager import PluginLoadError, get_registries, plugin_names
     from ..plugins.selection import SelectionContext, select_attention_backend
 
     report: dict[str, Any] = {"accel_plugin": __version__, "errors": []}
@@ -137,13 +145,13 @@ def collect(environ=None) -> dict[str, Any]:
     report["kernels"] = _kernel_mode(device["device"])
     env, env_errors = _env_report(environ)
     report["env"] = env
-    tgi = _tgi_adapter(environ)
-    if tgi is not None:
-        report["tgi_adapter"] = tgi
+    pm, plugin_error = _plugin_manager(environ)
+    report.update(_adapter_sections(pm, environ))
     report["errors"].extend(env_errors)
 
     try:
-        pm = get_plugin_manager(environ)
+        if plugin_error is not None:
+            raise plugin_error
         registries = get_registries(pm)
     except (PluginLoadError, envs.EnvVarError, ValueError) as exc:
         report["errors"].append(str(exc))
@@ -238,7 +246,7 @@ def render(report: dict[str, Any]) -> str:
     if "selection" in report:
         lines += ["", "Selection", f"  {report['selection']['summary']}"]
     if "self_test" in report:
-        from ..diagnostics.selftest import render as render_self_test
+        from ..diagnostics.selftest_report import render as render_self_test
 
         lines += ["", *render_self_test(report["self_test"])]
     if report["errors"]:
@@ -255,7 +263,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     report = collect()
     if args.self_test:
-        from ..diagnostics.selftest import run_self_test
+        from ..diagnostics.selftest_run import run_self_test
 
         self_test = run_self_test()
         report["self_test"] = self_test.to_dict()

@@ -1,1 +1,1 @@
-"""Helpers for tests and demos: tiny local models (no downloads)."""
+"""Helpers for tests, demos and benchmarks: tiny local models (no downloads), `vllm serve` subprocesses."""

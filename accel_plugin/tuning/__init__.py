@@ -1,9 +1,10 @@
 """Tuning and measuring draft models, framework-neutral (no vLLM, no TGI).
 
+- :mod:`.errors`: :class:`TuningError`, bad input naming its flag or file (re-exported here);
 - :mod:`.settings`: what ``accel tune-draft`` and ``accel bench acceptance`` do, as
   typed, validated settings (defaults and valid values are the commands');
 - :mod:`.prompts`: prompt files (one prompt per line, or JSONL with a ``domain``);
-- :mod:`.models`: loading target/draft directories and checking they fit together
+- :mod:`.loaders`: loading target/draft directories and checking they fit together
   (the checks themselves: :mod:`accel_plugin.models.dirs`);
 - :mod:`.acceptance`: greedy acceptance simulation (per position, overall, mean
   acceptance length), draft/target step costs, expected and simulated speedup;
@@ -20,9 +21,6 @@ Everything here needs ``transformers`` (imported lazily).
 
 from __future__ import annotations
 
-
-class TuningError(ValueError):
-    """Bad input for tuning or measuring a draft; the message names the flag or file."""
-
+from .errors import TuningError
 
 __all__ = ["TuningError"]

@@ -19,7 +19,6 @@ from collections import Counter
 from pathlib import Path
 
 from ..speculative.speedup import best_k, expected_speedup
-from . import TuningError
 from .acceptance import (
     break_even_alpha,
     greedy_continuation,
@@ -29,6 +28,7 @@ from .acceptance import (
     simulate,
     simulated_speedup,
 )
+from .errors import TuningError
 from .prompts import Prompt
 from .settings import BenchSettings
 
@@ -38,7 +38,7 @@ __all__ = ["bench_acceptance", "format_table", "plot_speedup", "run_acceptance"]
 def run_acceptance(settings: BenchSettings) -> dict:
     """Check the inputs, run :func:`bench_acceptance`, draw the plot; returns the report
     (with ``plot``: the PNG's path, when one was asked for). Raises :class:`TuningError`."""
-    from ..speculative.draft_config.schema import DraftConfigError, load_draft_config
+    from ..speculative.draft_config import DraftConfigError, load_draft_config
     from .loaders import check_model_dir
     from .prompts import read_prompts
 

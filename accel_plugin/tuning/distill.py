@@ -33,8 +33,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import TuningError
 from .acceptance import greedy_continuations
+from .errors import TuningError
+from .settings import TrainingSettings
 
 __all__ = ["DistillSettings", "build_dataset", "distill", "latest_checkpoint"]
 
@@ -42,18 +43,14 @@ WARMUP_STEPS = 10
 
 
 @dataclass(frozen=True)
-class DistillSettings:
-    steps: int = 200
-    batch_size: int = 8
-    lr: float = 1e-3
-    loss: str = "kl"
+class DistillSettings(TrainingSettings):
+    """What a distillation run does: :class:`TrainingSettings` (``accel tune-draft``'s
+    training flags) and how the target's answers are taken."""
+
+    #: the target's probabilities kept per position (the ``kl`` loss)
     top_k: int = 32
-    gen_tokens: int = 64
+    #: prompts are cut to their last this many tokens
     max_prompt_tokens: int = 256
-    checkpoint_every: int = 50
-    seed: int = 0
-    #: the held-out share of the prompt file (part of the data, so part of the key)
-    holdout: float = 0.1
 
     def data_key(self, target: Path, draft: Path | str, prompts: list[str]) -> str:
         """Fingerprint of everything a training run depends on (not ``steps``); checkpoints

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from . import TuningError
+from .errors import TuningError
 
 __all__ = ["DraftLM", "draft_from_target", "head_vocab_from_counts", "load_draft"]
 

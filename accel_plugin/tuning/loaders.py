@@ -2,7 +2,7 @@
 
 The checks themselves live in :mod:`accel_plugin.models.dirs` (shared with the
 draft YAML); here their message is prefixed with the command-line flag that named
-the directory and raised as :class:`~accel_plugin.tuning.TuningError`.
+the directory and raised as :class:`~accel_plugin.tuning.errors.TuningError`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from ..models import dirs as model_dirs
-from . import TuningError
+from .errors import TuningError
 
 __all__ = ["check_model_dir", "check_same_vocabulary", "load_draft_model", "load_lm", "load_tokenizer"]
 

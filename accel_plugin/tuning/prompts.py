@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import TuningError
+from .errors import TuningError
 
 __all__ = ["Prompt", "read_prompts", "split_holdout"]
 

@@ -1,7 +1,7 @@
 """Settings of ``accel tune-draft`` and ``accel bench acceptance`` as typed, validated data.
 
 Field names are the flags' (``--batch-size`` -> ``batch_size``), defaults the
-commands'; a value out of range raises :class:`~accel_plugin.tuning.TuningError`
+commands'; a value out of range raises :class:`~accel_plugin.tuning.errors.TuningError`
 naming the flag and the valid values. The command line builds its argparse types
 from the same ``RANGES`` and ``CHOICES``. Light: nothing heavy is imported here, so
 ``accel --help`` stays fast.
@@ -9,20 +9,51 @@ from the same ``RANGES`` and ``CHOICES``. Light: nothing heavy is imported here,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ..ranges import Range, check_settings
-from . import TuningError
+from .errors import TuningError
 
-__all__ = ["BenchSettings", "TuneSettings"]
+__all__ = ["BenchSettings", "TrainingSettings", "TuneSettings"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingSettings:
+    """How a draft is trained toward its target: the part of ``accel tune-draft`` that
+    :class:`~accel_plugin.tuning.distill.DistillSettings` also holds, declared once here
+    with the command's defaults (keyword only)."""
+
+    #: optimiser steps in all; 0 writes the starting draft untrained
+    steps: int = 200
+    #: prompts per step
+    batch_size: int = 8
+    #: AdamW learning rate
+    lr: float = 1e-3
+    #: kl: match the target's top-k probabilities; nll: its greedy tokens
+    loss: str = "kl"
+    #: target tokens generated per prompt
+    gen_tokens: int = 64
+    #: prompts held out for the acceptance report: a fraction < 1 or a count (part of
+    #: the training data, so part of a checkpoint's key)
+    holdout: float = 0.1
+    #: steps between checkpoints
+    checkpoint_every: int = 50
+    #: seed of the held-out split and the batches
+    seed: int = 0
+
+    def training_settings(self) -> dict[str, Any]:
+        """The :class:`TrainingSettings` fields of this object, by name (to build
+        another kind of settings from them)."""
+        return {f.name: getattr(self, f.name) for f in fields(TrainingSettings)}
 
 
 @dataclass(frozen=True)
-class TuneSettings:
-    """``accel tune-draft`` as data (:func:`accel_plugin.tuning.tune.tune`). Give
-    exactly one of ``draft`` and ``from_target_layers``."""
+class TuneSettings(TrainingSettings):
+    """``accel tune-draft`` as data (:func:`accel_plugin.tuning.tune.tune`): the fields
+    here and those of :class:`TrainingSettings`. Give exactly one of ``draft`` and
+    ``from_target_layers``."""
 
     #: the target model directory
     target: str | Path
@@ -42,26 +73,10 @@ class TuneSettings:
     chat: bool = False
     #: prompts for the acceptance report instead of a ``holdout`` share of ``prompts``
     held_out: str | Path | None = None
-    #: optimiser steps in all; 0 writes the starting draft untrained
-    steps: int = 200
-    #: prompts per step
-    batch_size: int = 8
-    #: AdamW learning rate
-    lr: float = 1e-3
-    #: kl: match the target's top-k probabilities; nll: its greedy tokens
-    loss: str = "kl"
-    #: target tokens generated per prompt
-    gen_tokens: int = 64
     #: prompts the target continues at once while building the data
     gen_batch_size: int = 64
-    #: prompts held out for the acceptance report: a fraction < 1 or a count
-    holdout: float = 0.1
     #: tokens drafted per step in the acceptance report
     k: int = 5
-    #: steps between checkpoints
-    checkpoint_every: int = 50
-    #: seed of the held-out split and the batches
-    seed: int = 0
     #: torch CPU threads (``None``: torch's)
     threads: int | None = None
     #: dtype of the saved weights; auto = the draft's

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import TuningError
+from .errors import TuningError
 from .settings import TuneSettings
 
 __all__ = ["format_report", "tune"]
@@ -93,11 +93,7 @@ def tune(settings: TuneSettings) -> dict:
     if settings.threads:
         torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed)
-    distill_settings = DistillSettings(
-        steps=settings.steps, batch_size=settings.batch_size, lr=settings.lr, loss=settings.loss,
-        gen_tokens=settings.gen_tokens, checkpoint_every=settings.checkpoint_every, seed=settings.seed,
-        holdout=settings.holdout,
-    )
+    distill_settings = DistillSettings(**settings.training_settings())
     prompt_key = ([p.text for p in train] + ["<held-out>"] + [p.text for p in held]
                   + (["<chat>"] if settings.chat else []))
     key = distill_settings.data_key(target_dir, _draft_description(settings, draft_dir), prompt_key)

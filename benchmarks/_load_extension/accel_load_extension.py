@@ -1,4 +1,4 @@
-"""A vLLM worker extension for benchmarks/load.py: the draft KV bytes of this worker.
+"""A vLLM worker extension for benchmarks/load/ (`python -m benchmarks.load`): the draft KV bytes of this worker.
 
 It lives alone in this directory so that the server can get it on ``PYTHONPATH``
 without the repository root (whose ``kernels/`` folder would shadow the Hugging

@@ -8,7 +8,8 @@ import pytest
 
 from accel_plugin.cli import kv
 from accel_plugin.cli.kv import report, trace_summary
-from accel_plugin.observability.kv import compare_allocators, synthetic_trace
+from accel_plugin.observability.kv_simulator import compare_allocators
+from accel_plugin.observability.kv_trace import synthetic_trace
 
 SMALL = ["--requests", "60", "--seed", "2", "--arrival-rate", "2", "--max-model-len", "512", "--cache-tokens", "4096"]
 
@@ -56,7 +57,7 @@ def test_trace_file(capsys, tmp_path):
                             "--cache-tokens", "64", "--json")
     assert rc == 0, err
     rows = {r["allocator"]: r for r in json.loads(out)["rows"]}
-    assert rows["paged b=8"]["waste_pct"] == 25.0  # 60 of 80 slot-steps used (tests/observability/test_kv.py)
+    assert rows["paged b=8"]["waste_pct"] == 25.0  # 60 of 80 slot-steps used (tests/observability/test_kv_simulator.py)
     assert rows["contiguous"]["waste_pct"] == 62.5
 
     path.write_text('{"arrival": 0, "prompt_len": 10, "output_len": 5}\n{"arrival": -1, "prompt_len": 10, "output_len": 5}\n')
@@ -86,7 +87,7 @@ def test_bad_inputs_exit_2_naming_the_valid_values(capsys, argv, message):
 
 
 def test_default_block_sizes_match_the_library():
-    from accel_plugin.observability.kv import DEFAULT_BLOCK_SIZES
+    from accel_plugin.observability.kv_simulator import DEFAULT_BLOCK_SIZES
 
     assert kv.DEFAULT_BLOCK_SIZES == DEFAULT_BLOCK_SIZES
 

@@ -1,0 +1,1 @@
+"""The load test: `vllm serve` with accel under concurrent streaming clients, against stock (`python -m benchmarks.load`)."""
