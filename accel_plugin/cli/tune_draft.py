@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import fields
 
 from ..tuning import TuningError
 from ..tuning.settings import TuneSettings
@@ -52,6 +53,8 @@ def _layers(text: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     ranges, choices = TuneSettings.RANGES, TuneSettings.CHOICES
+    # the defaults are TuneSettings' (declared once there); help shows them with %(default)s
+    default = {f.name: f.default for f in fields(TuneSettings)}
     parser.add_argument("--target", required=True, metavar="DIR", help="target model directory (HF format)")
     start = parser.add_mutually_exclusive_group(required=True)
     start.add_argument("--draft", metavar="DIR", help="draft model to start from (same tokenizer)")
@@ -60,41 +63,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", required=True, metavar="FILE",
                         help="the domain's prompts: one per line, or JSONL with a 'prompt' key")
     parser.add_argument("--out", required=True, metavar="DIR", help="where the tuned draft is written")
-    parser.add_argument("--train-layers", type=number_arg(ranges["train_layers"]), default=1,
-                        help="with --from-target-layers: how many of the last layers are trained (default 1); "
+    parser.add_argument("--train-layers", type=number_arg(ranges["train_layers"]), default=default["train_layers"],
+                        help="with --from-target-layers: how many of the last layers are trained (default %(default)s); "
                              "the others stay the target's")
-    parser.add_argument("--head-vocab", type=number_arg(ranges["head_vocab"]), default=None, metavar="N",
+    parser.add_argument("--head-vocab", type=number_arg(ranges["head_vocab"]), default=default["head_vocab"], metavar="N",
                         help="with --from-target-layers: prune the head to the N tokens the target uses most on the "
                              "training prompts (default: the whole vocabulary)")
     parser.add_argument("--chat", action="store_true",
                         help="wrap each prompt as a user message in the target tokenizer's chat template; the "
                              "target's continuations then end with its end-of-turn token, as served answers do")
-    parser.add_argument("--held-out", metavar="FILE", default=None,
+    parser.add_argument("--held-out", metavar="FILE", default=default["held_out"],
                         help="prompts for the acceptance report (same formats as --prompts) instead of a "
                              "--holdout share of --prompts; then every prompt of --prompts trains")
-    parser.add_argument("--steps", type=number_arg(ranges["steps"]), default=200,
-                        help="optimiser steps in all; 0 writes the starting draft untrained (default 200)")
-    parser.add_argument("--batch-size", type=number_arg(ranges["batch_size"]), default=8,
-                        help="prompts per step (default 8)")
-    parser.add_argument("--lr", type=number_arg(ranges["lr"]), default=1e-3,
-                        help="AdamW learning rate (default 1e-3)")
-    parser.add_argument("--loss", choices=choices["loss"], default="kl",
-                        help="kl: match the target's top-k probabilities; nll: its greedy tokens (default kl)")
-    parser.add_argument("--gen-tokens", type=number_arg(ranges["gen_tokens"]), default=64,
-                        help="target tokens generated per prompt (default 64)")
-    parser.add_argument("--gen-batch-size", type=number_arg(ranges["gen_batch_size"]), default=64,
-                        help="prompts the target continues at once while building the data (default 64: on a CPU "
+    parser.add_argument("--steps", type=number_arg(ranges["steps"]), default=default["steps"],
+                        help="optimiser steps in all; 0 writes the starting draft untrained (default %(default)s)")
+    parser.add_argument("--batch-size", type=number_arg(ranges["batch_size"]), default=default["batch_size"],
+                        help="prompts per step (default %(default)s)")
+    parser.add_argument("--lr", type=number_arg(ranges["lr"]), default=default["lr"],
+                        help="AdamW learning rate (default %(default)s)")
+    parser.add_argument("--loss", choices=choices["loss"], default=default["loss"],
+                        help="kl: match the target's top-k probabilities; nll: its greedy tokens (default %(default)s)")
+    parser.add_argument("--gen-tokens", type=number_arg(ranges["gen_tokens"]), default=default["gen_tokens"],
+                        help="target tokens generated per prompt (default %(default)s)")
+    parser.add_argument("--gen-batch-size", type=number_arg(ranges["gen_batch_size"]), default=default["gen_batch_size"],
+                        help="prompts the target continues at once while building the data (default %(default)s: on a CPU "
                              "a decode step costs about its weight reads, so a large batch is nearly free)")
     parser.add_argument("--holdout", type=number_arg(ranges["holdout"], what="a fraction or a count"),
-                        default=0.1, help="prompts held out for the acceptance report: a fraction < 1 or a count (default 0.1)")
-    parser.add_argument("--k", type=number_arg(ranges["k"]), default=5,
-                        help="tokens drafted per step in the acceptance report (default 5)")
-    parser.add_argument("--checkpoint-every", type=number_arg(ranges["checkpoint_every"]), default=50,
-                        help="steps between checkpoints (default 50)")
-    parser.add_argument("--seed", type=number_arg(ranges["seed"]), default=0, help="seed of the held-out split and the batches (default 0)")
-    parser.add_argument("--threads", type=number_arg(ranges["threads"]), default=None,
+                        default=default["holdout"], help="prompts held out for the acceptance report: a fraction < 1 or a count (default %(default)s)")
+    parser.add_argument("--k", type=number_arg(ranges["k"]), default=default["k"],
+                        help="tokens drafted per step in the acceptance report (default %(default)s)")
+    parser.add_argument("--checkpoint-every", type=number_arg(ranges["checkpoint_every"]), default=default["checkpoint_every"],
+                        help="steps between checkpoints (default %(default)s)")
+    parser.add_argument("--seed", type=number_arg(ranges["seed"]), default=default["seed"], help="seed of the held-out split and the batches (default %(default)s)")
+    parser.add_argument("--threads", type=number_arg(ranges["threads"]), default=default["threads"],
                         help="torch CPU threads (default: torch's)")
-    parser.add_argument("--save-dtype", choices=choices["save_dtype"], default="auto",
+    parser.add_argument("--save-dtype", choices=choices["save_dtype"], default=default["save_dtype"],
                         help="dtype of the saved weights; auto = the draft's (default)")
     parser.add_argument("--no-resume", action="store_true", help="delete OUT/checkpoints and start over")
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of text")
