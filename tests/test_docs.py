@@ -77,3 +77,25 @@ def test_every_dotted_name_in_the_docs_exists():
     gone = sorted({f"{doc.name}: {m}" for doc in _DOCS for m in _DOTTED.findall(doc.read_text())
                    if not _dotted_exists(m)})
     assert not gone, "docs name modules or attributes that do not exist:\n" + "\n".join(gone)
+
+
+def _env_docs():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("env_docs", ROOT / "scripts" / "env_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_env_table_is_generated_from_envs():
+    """docs/configuration.md's table is envs.ENV_VARS, row for row: `python scripts/env_docs.py`."""
+    env_docs = _env_docs()
+    page = (DOCS / "configuration.md").read_text()
+    assert env_docs.update(page, envs.ENV_VARS) == page, (
+        "docs/configuration.md's environment-variable table differs from accel_plugin/envs.py's ENV_VARS: "
+        "run `python scripts/env_docs.py`")
+    table = page.split(env_docs.BEGIN)[1].split(env_docs.END)[0]
+    assert [line.split("`")[1] for line in table.strip().splitlines()[2:]] == [v.name for v in envs.ENV_VARS]
+    # a change to the table (here: a row gone) is what the comparison above catches
+    assert env_docs.update(page, envs.ENV_VARS[1:]) != page

