@@ -2,8 +2,9 @@
 
 The wheel carries ``accel_plugin_tgi.pth`` at its root, so pip puts it into
 site-packages, where Python runs its one line at start-up (it does nothing unless
-ACCEL_ATTENTION_BACKEND or ACCEL_DRAFT_CONFIG is set; see adapters/tgi/_startup.py
-and docs/tgi.md).
+ACCEL_ATTENTION_BACKEND or ACCEL_DRAFT_CONFIG is set, and then only puts a
+standard-library trigger on sys.meta_path that waits for TGI's import; see
+adapters/tgi/_startup.py and docs/tgi.md).
 Editable installs do not get it: ``python -m accel_plugin.adapters.tgi install-hook``.
 Everything else is in pyproject.toml.
 """

@@ -6,8 +6,11 @@ change to TGI or its launcher but an import hook:
 1. The wheel installs ``accel_plugin_tgi.pth`` into site-packages (an editable
    install does not: run ``python -m accel_plugin.adapters.tgi install-hook``).
    While ``ACCEL_ATTENTION_BACKEND`` and ``ACCEL_DRAFT_CONFIG`` are unset it does
-   nothing at all; when one is set, it puts a post-import hook for
-   ``text_generation_server.*`` on ``sys.meta_path`` (:mod:`._startup`, :mod:`._hook`).
+   nothing at all; when one is set, it puts a trigger written with the standard
+   library alone on ``sys.meta_path`` (:mod:`._startup`), which imports nothing until
+   ``text_generation_server`` is imported. Then it removes itself and calls
+   :func:`install_import_hook`: a post-import hook for ``text_generation_server.*``
+   (:mod:`._hook`).
 2. When TGI imports ``text_generation_server.layers.attention``, the hook calls
    :func:`activate` (:mod:`.activation`): it validates the variable (:mod:`accel_plugin.envs`), TGI's
    ``ATTENTION`` (``paged`` or ``flashdecoding-ipex``) and TGI's function signatures,

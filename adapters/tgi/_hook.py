@@ -7,9 +7,9 @@ The module's ``__loader__`` and ``__spec__.loader`` are then set back to the
 original loader, so nothing else sees the wrapper. Modules outside the prefix are
 not touched, and a failing module import is not reported to the callback.
 
-Standard library only: this module is imported from a ``.pth`` file, in every
-Python process of the environment where ACCEL_ATTENTION_BACKEND or
-ACCEL_DRAFT_CONFIG is set.
+:func:`find_trigger` and :func:`remove_trigger` find the other finder of ours on
+``sys.meta_path``: the trigger the ``.pth`` line installs (:mod:`._startup`), which
+waits for TGI's first import. Standard library only.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from collections.abc import Callable
 from importlib.abc import MetaPathFinder
 from types import ModuleType
 
-__all__ = ["PostImportFinder", "find_hook", "install_hook", "remove_hook"]
+from ._startup import TRIGGER_CLASS
+
+__all__ = ["PostImportFinder", "find_hook", "find_trigger", "install_hook", "remove_hook", "remove_trigger"]
 
 
 class _CallbackLoader:
@@ -100,6 +102,23 @@ def install_hook(prefix: str, callback: Callable[[ModuleType], None], owner: str
 def remove_hook(owner: str) -> bool:
     """Take ``owner``'s finder off ``sys.meta_path``; True when there was one."""
     finder = find_hook(owner)
+    if finder is None:
+        return False
+    sys.meta_path.remove(finder)
+    return True
+
+
+def find_trigger(owner: str) -> object | None:
+    """``owner``'s trigger from the ``.pth`` line (:data:`._startup.TRIGGER_SOURCE`), while it waits."""
+    for finder in sys.meta_path:
+        if type(finder).__name__ == TRIGGER_CLASS and getattr(finder, "owner", None) == owner:
+            return finder
+    return None
+
+
+def remove_trigger(owner: str) -> bool:
+    """Take ``owner``'s waiting trigger off ``sys.meta_path``; True when there was one."""
+    finder = find_trigger(owner)
     if finder is None:
         return False
     sys.meta_path.remove(finder)

@@ -29,7 +29,8 @@ class TGIPatch(Patch):
 
 class ImportHook(TGIPatch):
     """Patch 1: the post-import finder on ``sys.meta_path``; ``callback(module)`` gets every
-    ``text_generation_server`` module imported while it is applied."""
+    ``text_generation_server`` module imported while it is applied. It takes over from the
+    ``.pth`` line's trigger (which applies it when TGI is first imported)."""
 
     def __init__(self, name: str, *, callback: Callable[[ModuleType], None], **ledger: str) -> None:
         super().__init__(name, **ledger)
@@ -37,13 +38,16 @@ class ImportHook(TGIPatch):
 
     def _apply(self) -> None:
         _hook.install_hook(TGI_PACKAGE, self.callback, HOOK_OWNER)
+        _hook.remove_trigger(HOOK_OWNER)
 
     def _revert(self) -> None:
         _hook.remove_hook(HOOK_OWNER)
+        _hook.remove_trigger(HOOK_OWNER)
 
     @property
     def present(self) -> bool:
-        return _hook.find_hook(HOOK_OWNER) is not None
+        """The finder, or the ``.pth`` line's trigger that will apply it, is on ``sys.meta_path``."""
+        return _hook.find_hook(HOOK_OWNER) is not None or _hook.find_trigger(HOOK_OWNER) is not None
 
 
 class RebindGlobals(TGIPatch):

@@ -21,17 +21,23 @@ above it.
 --------------------------------------
 target
     ``sys.meta_path`` gains a :class:`._hook.PostImportFinder` for
-    ``text_generation_server.*``; it changes no module itself.
+    ``text_generation_server.*``; it changes no module itself. Before it, while
+    ACCEL_ATTENTION_BACKEND or ACCEL_DRAFT_CONFIG is set, the ``.pth`` line puts
+    its trigger first on ``sys.meta_path`` (:data:`._startup.TRIGGER_SOURCE`:
+    standard library only, it imports nothing until TGI is imported).
 why
     TGI's launcher starts ``text-generation-server`` from PATH and TGI loads no
     plugins; its ~20 modeling modules bind ``attention``/``paged_attention`` by name
-    when they are imported. The hook (installed by the ``.pth`` file while
-    ACCEL_ATTENTION_BACKEND or ACCEL_DRAFT_CONFIG is set) activates the attention
-    when TGI imports ``text_generation_server.layers.attention``, the speculation
-    when it imports ``text_generation_server.models.flash_causal_lm``, and hands
-    every later TGI module to the applied patches (:func:`on_import`).
+    when they are imported. The trigger waits in every process of the environment,
+    at the cost of one string comparison per import; when ``text_generation_server``
+    is imported (or found imported) it removes itself and applies this entry
+    (:func:`install_import_hook`). The hook then activates the attention when TGI
+    imports ``text_generation_server.layers.attention``, the speculation when it
+    imports ``text_generation_server.models.flash_causal_lm``, and hands every later
+    TGI module to the applied patches (:func:`on_import`).
 how it is undone
-    :func:`uninstall` takes the finder off ``sys.meta_path``; ``pip uninstall
+    :func:`uninstall` takes the finder, and a trigger that never fired, off
+    ``sys.meta_path``; the trigger removes itself when it fires; ``pip uninstall
     accel-plugin`` removes the ``.pth`` file (``python -m accel_plugin.adapters.tgi
     uninstall-hook`` one written by ``install-hook``).
 upstream change that would remove it
@@ -187,9 +193,11 @@ def _dispatch(module: ModuleType) -> None:
 IMPORT_HOOK = ImportHook(
     "import hook",
     callback=_dispatch,
-    target=f"sys.meta_path (a post-import finder for {TGI_PACKAGE}.*)",
+    target=f"sys.meta_path (the .pth line's trigger until TGI is imported, then a post-import finder "
+           f"for {TGI_PACKAGE}.*)",
     why="TGI loads no plugins and binds its attention functions by name at import time",
-    undo="uninstall() removes the finder; pip uninstall (or `uninstall-hook`) removes the .pth file",
+    undo="uninstall() removes the finder (and a .pth trigger that never fired; one that fired removed itself); "
+         "pip uninstall (or `uninstall-hook`) removes the .pth file",
     upstream="a plugin entry point or an attention-backend registry in TGI's server",
 )
 ATTENTION_FUNCTIONS = RebindGlobals(
@@ -239,9 +247,11 @@ def applied() -> list[TGIPatch]:
 
 
 def uninstall() -> None:
-    """Undo every applied patch, last applied first (also a hook left by the ``.pth``)."""
+    """Undo every applied patch, last applied first (also the ``.pth`` line's trigger, or a
+    hook installed by another copy of this module)."""
     LEDGER.undo_all()
     _hook.remove_hook(HOOK_OWNER)
+    _hook.remove_trigger(HOOK_OWNER)
 
 
 def install_import_hook() -> None:

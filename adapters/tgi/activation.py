@@ -1,6 +1,7 @@
 """The TGI adapter's life in a process: activation when TGI imports its modules, uninstall.
 
-The import hook (patch 1 of :mod:`._patches`) calls :func:`activate` when TGI imports
+The import hook (patch 1 of :mod:`._patches`, applied by :func:`install_import_hook`, which
+the ``.pth`` line's trigger calls when TGI is first imported) calls :func:`activate` when TGI imports
 its attention package and :func:`activate_speculation` when it imports the module of
 ``FlashCausalLM``; each validates its variable and applies its entries of the ledger.
 :func:`attach_model` is what a wrapped ``FlashCausalLM.__init__`` calls (the
@@ -142,6 +143,7 @@ def uninstall() -> None:
 
 
 def install_import_hook() -> None:
-    """What the ``.pth`` file does (use it where the file is not installed, before TGI is
-    imported); activates at once if TGI's attention package is already imported."""
+    """Apply entry 1 of the ledger, the post-import finder: what the ``.pth`` line's trigger
+    calls when TGI is first imported (call it yourself where the file is not installed,
+    before TGI is imported); activates at once if TGI's attention package is already imported."""
     _patches.install_import_hook()

@@ -47,6 +47,8 @@ def status(site_dir: str | os.PathLike | None = None, environ=None) -> dict:
     it for its server), and whether the adapter supports it; ``draft_config_env``:
     ACCEL_DRAFT_CONFIG; ``speculation_patched``: this process wraps FlashCausalLM.
     """
+    from accel_plugin import envs
+
     from . import _compat
     from ._startup import PTH_LINE
 
@@ -64,6 +66,6 @@ def status(site_dir: str | os.PathLike | None = None, environ=None) -> dict:
         "attention_env": mode,
         "attention_env_supported": None if mode is None else mode in supported,
         "supported_attention": list(supported),
-        "draft_config_env": env.get("ACCEL_DRAFT_CONFIG") or None,
+        "draft_config_env": envs.draft_config_path(env),
         "speculation_patched": _patches.DRAFT_SPECULATION.applied,
     }
