@@ -10,11 +10,17 @@ through unchanged):
 - ``token_ids[i, :num_tokens[i]]``: the row's tokens.
 
 Rows carry no request id and may move between steps, so a row is matched to its
-request state by token prefix: the state's context at the last step must be a
-prefix of the row's tokens (the row that held it last step is tried first). A row
-that matches nothing is a new request: its prompt is decoded and routed to a
-domain. States that no row matched are finished (or preempted) and freed at once,
-so memory is bounded by the batch.
+request state by a key of its tokens: the state's context at the last step must be
+the row's first ``num_tokens[i] - len(sampled_token_ids[i])`` tokens, and the key
+reads 48 of them (:mod:`.request_states`; the row that held the state last step is
+tried first). An adapter that knows request ids passes them
+(``request_ids=``) and rows are matched by id. Either way a step reads only the
+new tokens of a known row, ``token_ids[i, known:num_tokens[i]]``, so its host work
+does not grow with the context (``python -m benchmarks.proposer_overhead``). A row
+that matches nothing is a new request: its tokens are copied once and its prompt
+is routed to a domain, decoding only the prefix the router reads
+(:meth:`.DomainRouter.route_tokens`). States that no row matched are finished (or
+preempted) and freed at once, so memory is bounded by the batch.
 
 Per row and step: how many of last step's drafts were accepted goes to the
 controller; the controller's k for the row's domain decides how many tokens to
@@ -27,14 +33,21 @@ draft model raises (an exception, out of memory, non-finite logits: the engine's
 ``DraftOutputError``), every domain it serves is switched off with one logged
 error and its rows get no drafts: decoding goes on without speculation for them,
 and nothing else changes.
+
+Thread safety: :meth:`DomainProposer.propose`, the readers (:meth:`~DomainProposer.stats`,
+:meth:`~DomainProposer.stats_dict`, :attr:`~DomainProposer.num_states`,
+:attr:`~DomainProposer.draft_kv_bytes`) and :meth:`~DomainProposer.close` hold one
+lock, so a reader in another thread (a metrics endpoint, vLLM's worker extension)
+never sees a step half done.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -46,23 +59,13 @@ from .draft_config.schema import DraftConfig
 from .draft_config.target import DraftTarget
 from .controller import DomainController
 from .domain_stats import DomainStats
-from .draft_engine import DraftCache, DraftEngine, DraftJob
+from .draft_engine import DraftEngine, DraftJob
+from .request_states import RequestState, StateIndex, row_keys
 from .router import DomainRouter
 
 __all__ = ["DomainProposer", "RequestState"]
 
 _logger = logging.getLogger("accel_plugin.speculative")
-
-@dataclass
-class RequestState:
-    """What the proposer remembers of one request between steps."""
-
-    domain: str
-    context: np.ndarray  #: the verified tokens at the last step
-    cache: DraftCache | None = None
-    last_drafts: tuple[int, ...] = ()
-    row: int = -1  #: batch row at the last step
-
 
 class DomainProposer:
     """Router + controller + draft engine behind one ``propose`` call.
@@ -95,8 +98,8 @@ class DomainProposer:
                                   initial_slots=initial_slots, target_dir=target_dir)
         self._drafts = drafts
         self._failed: set[str] = set()
-        self._states: dict[int, RequestState] = {}  # by id(state)
-        self._by_row: dict[int, RequestState] = {}
+        self._states = StateIndex()
+        self._lock = threading.Lock()  #: held by propose, the readers and close (module docstring)
         self._clock = clock
         self._sized: set[str] = set()  # drafts whose weight size the controller knows
         self._last_return: float | None = None
@@ -144,86 +147,94 @@ class DomainProposer:
 
     # ------------------------------------------------------------------ states
 
-    def _match(self, row: int, tokens: np.ndarray, num_sampled: int, claimed: set[int]) -> RequestState | None:
-        # A request's row grows by exactly the tokens sampled for it since the last
-        # step. Requiring that keeps a new request whose prompt extends a finished
-        # one's tokens (the next turn of a chat) from inheriting its state and domain.
-        def fits(state: RequestState) -> bool:
-            n = len(state.context)
-            return (
-                id(state) not in claimed
-                and len(tokens) - n == num_sampled
-                and np.array_equal(tokens[:n], state.context)
-            )
+    def _match(self, row: int, key, token_ids, claimed: set[RequestState]) -> RequestState | None:
+        # The key holds the row's known length: a request's row grows by exactly the
+        # tokens sampled for it since the last step. That keeps a new request whose
+        # prompt extends a finished one's tokens (the next turn of a chat) from
+        # inheriting its state and domain.
+        return self._states.find(row, key, token_ids, claimed)
 
-        state = self._by_row.get(row)
-        if state is not None and fits(state):
-            return state
-        # the row moved (or is new): any unclaimed state whose context it extends;
-        # the longest wins (identical prompts resolve to either, which is harmless)
-        best = None
-        first = tokens[0] if len(tokens) else None
-        for state in self._states.values():
-            if len(state.context) and state.context[0] == first and fits(state):
-                if best is None or len(state.context) > len(best.context):
-                    best = state
-        return best
-
-    def _new_state(self, tokens: np.ndarray, num_sampled: int) -> RequestState:
-        prompt = tokens[: max(1, len(tokens) - num_sampled)]
-        domain = self.router.route(self.detokenize(prompt.tolist()))
-        state = RequestState(domain=domain, context=tokens)
-        self._states[id(state)] = state
+    def _new_state(self, row: int, token_ids, num_tokens: int, num_sampled: int,
+                   request_id: Hashable | None) -> RequestState:
+        # a copy, once per request: the framework reuses its buffer when rows move
+        tokens = np.asarray(token_ids[row, :num_tokens], dtype=np.int64)
+        prompt = tokens[: max(1, num_tokens - num_sampled)]
+        domain = self.router.route_tokens(prompt, self.detokenize)
+        state = RequestState.start(domain, tokens, request_id=request_id)
+        self._states.add(state)
         return state
 
     def _free(self, state: RequestState) -> None:
-        self._states.pop(id(state), None)
         if state.cache is not None:
             self.engine.free_cache(state.cache)
             state.cache = None
 
     @property
     def num_states(self) -> int:
-        return len(self._states)
+        with self._lock:
+            return len(self._states)
 
     @property
     def draft_kv_bytes(self) -> int:
         """Bytes held by the draft models' KV caches now (every loaded draft); cheap."""
-        return sum(model.kv_bytes for model in self.engine.models.values())
+        with self._lock:
+            return sum(model.kv_bytes for model in self.engine.models.values())
 
     # ----------------------------------------------------------------- propose
 
-    def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens: np.ndarray,
-                token_ids: np.ndarray) -> list[list[int]]:
-        """Drafts per row (``[]`` = none); see the module docstring for the arguments."""
+    def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens: np.ndarray, token_ids, *,
+                request_ids: Sequence[Hashable] | None = None) -> list[list[int]]:
+        """Drafts per row (``[]`` = none); see the module docstring for the arguments.
+
+        ``token_ids`` is a 2-D token array (vLLM's ``token_ids_cpu``) or anything
+        indexed as ``token_ids[i, start:stop]`` (:class:`.token_rows.TokenRows`) when
+        ``request_ids`` (one per row) are given: then only a known request's new
+        tokens and a new request's whole row are read.
+        """
+        with self._lock:
+            return self._propose(sampled_token_ids, num_tokens, token_ids, request_ids)
+
+    def _propose(self, sampled_token_ids, num_tokens, token_ids, request_ids) -> list[list[int]]:
         start = self._clock()
         self.num_steps += 1
         num_rows = len(sampled_token_ids)
+        if request_ids is not None and len(request_ids) != num_rows:
+            raise ValueError(f"request_ids has {len(request_ids)} ids for {num_rows} rows; give one per row")
         out: list[list[int]] = [[] for _ in range(num_rows)]
-        claimed: set[int] = set()
+        lengths = np.asarray(num_tokens[:num_rows], dtype=np.int64)
+        sampled_counts = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=num_rows)
+        known = np.maximum(lengths - sampled_counts, 0)  # the tokens of a row its state holds
+        keys = after = None
+        if request_ids is None:  # one gather: the keys of the rows now and of their states after this step
+            both = np.arange(num_rows)
+            keys = row_keys(token_ids, np.concatenate([both, both]), np.concatenate([known, lengths]))
+            keys, after = keys[:num_rows], keys[num_rows:]
+        claimed: set[RequestState] = set()
         rows: list[tuple[int, RequestState]] = []
         prefilled = False  # the target step since the last call ran a prompt (or part of one)
         for i in range(num_rows):
-            sampled = sampled_token_ids[i]
-            n = int(num_tokens[i])
-            # a copy: the framework reuses its buffer when rows move
-            tokens = np.array(token_ids[i, :n], dtype=np.int64)
-            state = self._match(i, tokens, len(sampled), claimed)
+            n, num_sampled, have = int(lengths[i]), int(sampled_counts[i]), int(known[i])
+            if request_ids is None:
+                state = self._match(i, keys[i], token_ids, claimed)
+            else:
+                state = self._states.find_request(request_ids[i], have, claimed)
             if state is None:
                 prefilled = True
-                if not sampled:
+                if not num_sampled:
                     continue  # a prompt still being prefilled in chunks
-                state = self._new_state(tokens, len(sampled))
-            elif sampled:
-                self._learn(state, tokens, len(sampled))
-            claimed.add(id(state))
+                state = self._new_state(i, token_ids, n, num_sampled,
+                                        None if request_ids is None else request_ids[i])
+            elif num_sampled:
+                self._learn(state, token_ids[i, have:n], num_sampled)
+            if after is not None:
+                state.key = after[i]  # its context is now the row's n tokens
+            claimed.add(state)
             state.row = i
-            if sampled:
+            if num_sampled:
                 rows.append((i, state))
 
-        for state in [s for s in self._states.values() if id(s) not in claimed]:
+        for state in self._states.keep_only(claimed):
             self._free(state)
-        self._by_row = {s.row: s for s in self._states.values()}
 
         if self._last_return is not None:
             # a step with a prefill, or after an idle engine, is no decoding step's time
@@ -271,16 +282,15 @@ class DomainProposer:
         self.propose_seconds += self._last_return - start
         return out
 
-    def _learn(self, state: RequestState, tokens: np.ndarray, num_sampled: int) -> None:
-        """Compare last step's drafts with what the target kept; move the context on."""
+    def _learn(self, state: RequestState, new: np.ndarray, num_sampled: int) -> None:
+        """Compare last step's drafts with ``new``, the tokens the target kept; move the context on."""
         if state.last_drafts:
-            new = tokens[len(state.context):]
             limit = min(len(state.last_drafts), max(0, num_sampled - 1), len(new))
             accepted = 0
             while accepted < limit and int(new[accepted]) == state.last_drafts[accepted]:
                 accepted += 1
             self.controller.observe(state.domain, len(state.last_drafts), accepted)
-        state.context = tokens
+        state.extend(new)
 
     def _tell_size(self, draft: str) -> None:
         """Give the controller the weight bytes one forward of ``draft`` reads (once)."""
@@ -297,7 +307,7 @@ class DomainProposer:
             "which continue with plain decoding",
             draft, type(exc).__name__, exc, ", ".join(domains), exc_info=exc,
         )
-        for state in self._states.values():
+        for state in self._states:
             if state.cache is not None and state.cache.draft == draft:
                 state.cache = None
             if self._drafts.get(state.domain) == draft:
@@ -310,16 +320,19 @@ class DomainProposer:
 
     def stats(self) -> dict[str, DomainStats]:
         """Per-domain counters (drafted, accepted, k, state, acceptance, cost ratio)."""
-        return self.controller.stats()
+        with self._lock:
+            return self.controller.stats()
 
     def stats_dict(self) -> dict[str, dict]:
         """:meth:`stats` as plain dicts (JSON-able), with the derived rates and the
         proposer's own time per step: what the adapters report per domain."""
-        propose_ms = 1e3 * self.propose_seconds / self.num_steps if self.num_steps else None
+        with self._lock:
+            stats = self.controller.stats()
+            propose_ms = 1e3 * self.propose_seconds / self.num_steps if self.num_steps else None
         return {
             name: {**asdict(s), "acceptance_rate": s.acceptance_rate,
                    "mean_acceptance_length": s.mean_acceptance_length, "propose_ms_per_step": propose_ms}
-            for name, s in self.stats().items()
+            for name, s in stats.items()
         }
 
     def _maybe_log(self) -> None:
@@ -330,7 +343,9 @@ class DomainProposer:
             self.logger.info("speculation: %s", self.controller.summary())
 
     def close(self) -> None:
-        for state in list(self._states.values()):
-            self._free(state)
-        self.logger.info("speculation (final): %s", self.controller.summary())
+        """Free every state and its draft KV slot; log the final counters."""
+        with self._lock:
+            for state in self._states.keep_only(()):
+                self._free(state)
+            self.logger.info("speculation (final): %s", self.controller.summary())
 

@@ -14,22 +14,42 @@ regexes run on RE2 (:func:`~accel_plugin.speculative.draft_config.schema.compile
 backtracking; ``\\w``, ``\\d``, ``\\s`` and ``\\b`` are ASCII there, ``\\pL`` is any
 letter), keywords are escaped literals (no backtracking either), and only the
 first :data:`MAX_ROUTED_CHARS` characters of a prompt are matched.
+
+A prompt given as token ids (:meth:`DomainRouter.route_tokens`, what the proposer
+calls) is detokenized only as far as that cut needs, never whole: a token decodes
+to at least one UTF-8 byte (special tokens, which tokenizers skip, aside) and a
+character takes at most four, so :data:`MAX_ROUTED_TOKENS` tokens always give more
+than :data:`MAX_ROUTED_CHARS` characters. The router decodes
+:data:`FIRST_ROUTED_TOKENS` tokens first and doubles that until the text passes
+the cut (with a few characters to spare, so that a character split between two
+tokens at the end of the prefix is never matched) or the prompt or the bound
+ends. So one decode suffices for text of two characters a token or more, in all
+it decodes fewer than four times the tokens the cut needs, and never more than
+:data:`MAX_ROUTED_TOKENS` tokens in one decode, whatever the prompt's length.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .draft_config.schema import DEFAULT_DOMAIN, DraftConfig, compile_regex
 
-__all__ = ["MAX_ROUTED_CHARS", "DomainRouter", "DomainRule"]
+__all__ = ["FIRST_ROUTED_TOKENS", "MAX_ROUTED_CHARS", "MAX_ROUTED_TOKENS", "DomainRouter", "DomainRule"]
 
 #: Only this many characters at the start of a prompt are matched (about 16k tokens
 #: of English): the domain shows early, and routing time stays bounded.
 MAX_ROUTED_CHARS = 65536
+#: characters decoded past the cut: a partly decoded last character stays beyond it
+_SPARE_CHARS = 4
+#: A token carries at least one UTF-8 byte and a character at most four: this many
+#: tokens without special ones decode to more than ``MAX_ROUTED_CHARS + 4`` characters.
+MAX_ROUTED_TOKENS = 4 * (MAX_ROUTED_CHARS + _SPARE_CHARS) + 4
+#: tokens decoded in the first try: enough for text of 2 characters a token or more
+#: (English is about 4), and doubled once, for 1 character a token
+FIRST_ROUTED_TOKENS = (MAX_ROUTED_CHARS + _SPARE_CHARS) // 2
 
 
 @dataclass(frozen=True)
@@ -77,6 +97,22 @@ class DomainRouter:
             if rule.matches(text):
                 return rule.domain
         return self.default
+
+    def route_tokens(self, token_ids: Sequence[int], detokenize: Callable[[Sequence[int]], str]) -> str:
+        """The domain of a prompt given as token ids, decoding no more of it than the
+        :data:`MAX_ROUTED_CHARS` cut needs (see the module docstring).
+
+        ``token_ids`` supports ``len`` and slicing (a list, a numpy array);
+        ``detokenize`` gets a list of ints.
+        """
+        total = len(token_ids)
+        take = min(total, FIRST_ROUTED_TOKENS, MAX_ROUTED_TOKENS)
+        while True:
+            prefix = token_ids[:take]
+            text = detokenize(prefix.tolist() if hasattr(prefix, "tolist") else list(prefix))
+            if take >= total or take >= MAX_ROUTED_TOKENS or len(text) >= MAX_ROUTED_CHARS + _SPARE_CHARS:
+                return self.route(text)
+            take = min(total, 2 * take, MAX_ROUTED_TOKENS)
 
     @property
     def domains(self) -> list[str]:

@@ -20,9 +20,11 @@ tokenizer; ``num_speculative_tokens`` <= ``--speculate``), the drafts are loaded
   ``cache_lengths_tensor[i] + 1`` verified tokens in ``all_input_ids_tensor[i]``
   (the last one is ``input_ids[i]``, sampled but not yet in the KV cache). Rows that
   stopped in this step (a ``Generation`` with ``generated_text``) are left out: the
-  router filters them before the next step. The others go to ``propose`` with the
-  tokens each gained since the proposer last saw it (all generated tokens for a
-  request it has not seen). Drafts are padded to the widest row ``W`` (<= N; TGI
+  router filters them before the next step. The others go to ``propose`` with their
+  request ids and the tokens each gained since the proposer last saw it (all
+  generated tokens for a request it has not seen). Only those ids are copied to the
+  host (one gather on the device), and a request's whole row only once, when the
+  proposer first sees it: the host work of a step does not grow with the context. Drafts are padded to the widest row ``W`` (<= N; TGI
   reads the width from the tensor, and every row is verified at that width); no
   drafts at all give ``speculative_ids = None``: a plain step.
 - **prefill** (a new batch, prefilled alone; speculation turns TGI's chunking off):
@@ -57,10 +59,37 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from accel_plugin.speculative.token_rows import TokenRows
+
 from ._loguru import proposer_logger
 from ._tgi import get_speculate, make_room
 
 __all__ = ["PausableClock", "StepCounters", "TGIDraftSpeculation"]
+
+
+def _read_rows(batch, rows: list[int], starts: list[int], num_tokens: np.ndarray) -> TokenRows:
+    """The tokens the proposer reads, copied to the host in at most two transfers:
+    ``all_input_ids_tensor[rows[j], starts[j]:num_tokens[j]]`` of a request it has
+    seen (the tokens since), the whole row of one it has not (``starts[j] < 0``)."""
+    import torch
+
+    all_ids = batch.all_input_ids_tensor
+    out: dict[int, tuple[int, np.ndarray]] = {}
+    fresh = [j for j, start in enumerate(starts) if start < 0]
+    if fresh:  # once per request: its prompt and what it generated before it joined
+        width = int(max(num_tokens[j] for j in fresh))
+        block = all_ids[[rows[j] for j in fresh], :width].cpu().numpy()
+        out.update({j: (0, block[r, : int(num_tokens[j])]) for r, j in enumerate(fresh)})
+    seen = [j for j, start in enumerate(starts) if start >= 0]
+    if seen:  # the new ids only: one gather on the device of [rows, widest gain]
+        start = torch.tensor([starts[j] for j in seen], dtype=torch.long)
+        gain = torch.tensor([int(num_tokens[j]) for j in seen], dtype=torch.long) - start
+        width = max(1, int(gain.max()))
+        cols = (start[:, None] + torch.arange(width)).clamp_(max=all_ids.shape[1] - 1)
+        flat = torch.tensor([rows[j] for j in seen], dtype=torch.long)[:, None] * all_ids.shape[1] + cols
+        block = torch.take(all_ids, flat.to(all_ids.device)).cpu().numpy()
+        out.update({j: (starts[j], block[r, : int(gain[r])]) for r, j in enumerate(seen)})
+    return TokenRows(out)
 
 
 class PausableClock:
@@ -106,7 +135,8 @@ class TGIDraftSpeculation:
         #: False: TGI's own proposals (n-gram) until set again, e.g. to compare both in one process
         self.enabled = True
         self._model = weakref.ref(model)
-        self._seen: dict[int, int] = {}  #: request id -> tokens the proposer saw at the last call
+        #: request id -> tokens the proposer saw at the last call: the next reads only those after
+        self._seen: dict[int, int] = {}
         self._last_k: dict[int, int] = {}  #: request id -> real drafts of the last step
 
     # ------------------------------------------------------------------ steps
@@ -169,17 +199,16 @@ class TGIDraftSpeculation:
             self._seen = {}
             return None
         lengths = (batch.cache_lengths_tensor + 1).tolist()  # verified tokens, the last sampled one included
-        # a copy (indexing by rows): the proposer keeps no view of TGI's tensor
-        token_ids = batch.all_input_ids_tensor[rows, : max(lengths[i] for i in rows)].cpu().numpy()
         num_tokens = np.array([lengths[i] for i in rows], dtype=np.int64)
-        sampled, seen = [], {}
+        ids = [requests[i].id for i in rows]
+        starts = [self._seen.get(rid, -1) for rid in ids]  # -1: a request the proposer has not seen
+        token_rows = _read_rows(batch, rows, starts, num_tokens)
+        sampled = []
         for j, i in enumerate(rows):
-            rid, n = requests[i].id, int(num_tokens[j])
-            start = self._seen.get(rid, int(batch.prompt_lengths[i]))
-            sampled.append(token_ids[j, start:n].tolist())
-            seen[rid] = n
-        self._seen = seen
-        drafts = self.core.propose(sampled, num_tokens, token_ids)
+            start = starts[j] if starts[j] >= 0 else int(batch.prompt_lengths[i])
+            sampled.append(token_rows[j, start:int(num_tokens[j])].tolist())
+        self._seen = dict(zip(ids, num_tokens.tolist()))
+        drafts = self.core.propose(sampled, num_tokens, token_rows, request_ids=ids)
         width = min(max(map(len, drafts)), limit)
         if width == 0:
             return None

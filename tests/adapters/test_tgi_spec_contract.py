@@ -474,7 +474,7 @@ def test_any_other_failure_switches_speculation_off_for_the_model(fake_tgi, writ
     model = build(flash, model_id=models["target"])
     plain = serve(model, TEXTS, speculate=0)
     spec = speculative.of(model)
-    spec.core.propose = lambda *a: 1 / 0
+    spec.core.propose = lambda *a, **kw: 1 / 0
     assert serve(model, TEXTS, speculate=3) == plain
     assert spec.error.startswith("ZeroDivisionError")
     assert all(w is None for w in model.verified_widths)

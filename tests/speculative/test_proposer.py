@@ -182,20 +182,20 @@ def _counts_the_target_token(proposer, monkeypatch):
 class _RowIndexProposer(DomainProposer):
     """Keeps a request's state with its row index, ignoring that rows move."""
 
-    def _match(self, row, tokens, num_sampled, claimed):
-        state = self._by_row.get(row)
-        if state is not None and id(state) not in claimed:
+    def _match(self, row, key, token_ids, claimed):
+        state = self._states.by_row.get(row)
+        if state is not None and state not in claimed:
             return state
-        return super()._match(row, tokens, num_sampled, claimed)
+        return super()._match(row, key, token_ids, claimed)
 
 
 class _StaleContextProposer(DomainProposer):
     """Learns from a row's new tokens but does not move its state's context on."""
 
-    def _learn(self, state, tokens, num_sampled):
-        context = state.context
-        super()._learn(state, tokens, num_sampled)
-        state.context = context
+    def _learn(self, state, new, num_sampled):
+        length = state.length
+        super()._learn(state, new, num_sampled)
+        state.length = length
 
 
 @pytest.mark.parametrize("breakage, failure", [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accel_plugin.speculative.draft_config import DEFAULT_DOMAIN, parse_draft_config
@@ -63,12 +63,14 @@ def test_default_and_domains_listing():
     assert r.domains == ["support", "code", DEFAULT_DOMAIN]
 
 
+@settings(deadline=None)  # no timing: the machine may be loaded
 @given(st.text(max_size=60), st.sampled_from(["refund", "delivery", "ORDER"]))
 def test_a_keyword_surrounded_by_spaces_always_routes(text, word):
     # support comes first in the file, so it wins even where code's regex matches too
     assert router().route(f"{text} {word} {text}") == "support"
 
 
+@settings(deadline=None)
 @given(st.lists(st.text(alphabet="abcdefgh ", min_size=1, max_size=8), min_size=1, max_size=4), st.text(max_size=40))
 def test_rule_agrees_with_a_plain_reference(words, text):
     rule = DomainRule.build("d", keywords=words)

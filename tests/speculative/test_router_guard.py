@@ -1,11 +1,19 @@
-"""Routing cost is bounded whatever the YAML says: RE2 regexes, a scan limit."""
+"""Routing cost is bounded whatever the YAML says: RE2 regexes, a scan limit, and a
+prompt given as token ids decoded only as far as that limit needs."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from accel_plugin.speculative.draft_config import DEFAULT_DOMAIN, DraftConfigError, parse_draft_config
-from accel_plugin.speculative.router import MAX_ROUTED_CHARS, DomainRouter, DomainRule
+from accel_plugin.speculative.router import (
+    FIRST_ROUTED_TOKENS,
+    MAX_ROUTED_CHARS,
+    MAX_ROUTED_TOKENS,
+    DomainRouter,
+    DomainRule,
+)
 
 
 def router_for(*regexes: str, keywords: tuple[str, ...] = ("refund",)) -> DomainRouter:
@@ -82,3 +90,53 @@ def test_backreference_refused_by_the_loader_and_by_the_rule():
     assert "no backreferences" in issue.message
     with pytest.raises(ValueError, match="cannot be used"):
         DomainRule.build("d", regex=["(?<=a)b"])
+
+
+class SpyDetokenize:
+    """Decodes token ``t`` to ``chars[t]``; records how many tokens each call decoded."""
+
+    def __init__(self, chars: dict[int, str]):
+        self.chars, self.calls = chars, []
+
+    def __call__(self, ids):
+        assert isinstance(ids, list)
+        self.calls.append(len(ids))
+        return "".join(self.chars[t] for t in ids)
+
+
+def test_token_prompts_decode_only_the_prefix_the_cut_needs():
+    r = router_for("never")
+    spy = SpyDetokenize({1: "abcd", 2: " refund "})
+    total = 1_000_000  # 4M characters: the cut needs 16k tokens of them, the first try has 32k
+    ids = np.ones(total, dtype=np.int64)
+    assert r.route_tokens(ids, spy) == DEFAULT_DOMAIN
+    assert spy.calls == [FIRST_ROUTED_TOKENS]
+    assert max(spy.calls) * 4 >= MAX_ROUTED_CHARS
+    ids[100] = 2
+    assert r.route_tokens(ids, spy) == "support"
+
+
+def test_token_prompts_route_like_their_text_at_the_cut():
+    r = router_for("never")
+    spy = SpyDetokenize({1: "z", 2: " refund", 3: "é"})
+    # one character a token: the first try is too short, the second (twice as long) passes the cut
+    before = [1] * (MAX_ROUTED_CHARS - len(" refund")) + [2] + [1] * 10
+    after = [1] * (MAX_ROUTED_CHARS - len(" refund") + 1) + [2] + [1] * 10
+    for ids in (before, after):
+        text = spy(ids)
+        spy.calls.clear()
+        assert r.route_tokens(ids, spy) == r.route(text)
+        assert spy.calls == [FIRST_ROUTED_TOKENS, 2 * FIRST_ROUTED_TOKENS]
+    assert r.route_tokens(before, spy) == "support" and r.route_tokens(after, spy) == DEFAULT_DOMAIN
+    spy.calls.clear()
+    short = [3] * 50 + [2]  # a short prompt is decoded whole, once
+    assert r.route_tokens(short, spy) == "support" and spy.calls == [51]
+
+
+def test_tokens_that_decode_to_nothing_stop_at_the_bound():
+    r = router_for("never")
+    spy = SpyDetokenize({0: "", 2: " refund"})
+    ids = [0] * (2 * MAX_ROUTED_TOKENS) + [2]  # special tokens only, then the keyword
+    assert r.route_tokens(ids, spy) == DEFAULT_DOMAIN
+    assert max(spy.calls) == MAX_ROUTED_TOKENS
+    assert sum(spy.calls) < 3 * MAX_ROUTED_TOKENS  # doubling up to the bound

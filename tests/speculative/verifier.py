@@ -104,12 +104,19 @@ class Trace:
 
 
 def serve(proposer, target, requests: list[Request], *, shuffle: int | None = None,
-          arrivals: dict[int, list[Request]] | None = None, away: dict[int, list[Request]] | None = None) -> Trace:
+          arrivals: dict[int, list[Request]] | None = None, away: dict[int, list[Request]] | None = None,
+          with_ids: bool = False) -> Trace:
     """Decode ``requests`` to completion with speculation, vLLM-style.
 
     ``shuffle``: seed of a new row order every step; ``arrivals``: requests joining
     at a step; ``away``: requests left out of a step (not decoded, not shown).
+    ``with_ids``: TGI-style, pass request ids and a ``TokenRows`` that holds only
+    the tokens since the last call of a request the proposer has seen (it was
+    shown with sampled tokens in the last call) and the whole row of any other.
     """
+    from accel_plugin.speculative.token_rows import TokenRows
+
+    seen: dict[int, int] = {}  # id(request) -> its tokens at the last call (with ids)
     rng = np.random.default_rng(shuffle)
     batch = list(requests)
     token_ids = np.full((16, MAX_LEN), -7, dtype=np.int32)  # garbage outside the rows
@@ -140,7 +147,16 @@ def serve(proposer, target, requests: list[Request], *, shuffle: int | None = No
         for i, r in enumerate(rows):
             token_ids[i, : len(r.tokens)] = r.tokens
             num_tokens[i] = len(r.tokens)
-        drafts = proposer.propose([list(r.sampled) for r in rows], num_tokens, token_ids)
+        if with_ids:
+            held = {}
+            for i, r in enumerate(rows):
+                start = seen.get(id(r), 0)
+                held[i] = (start, token_ids[i, start: len(r.tokens)].copy())
+            seen = {id(r): len(r.tokens) for r in rows if r.sampled}
+            drafts = proposer.propose([list(r.sampled) for r in rows], num_tokens, TokenRows(held),
+                                      request_ids=[id(r) for r in rows])
+        else:
+            drafts = proposer.propose([list(r.sampled) for r in rows], num_tokens, token_ids)
         assert len(drafts) == len(rows)
         for r, d in zip(rows, drafts):
             trace.proposals.append(Proposal(step, r, r.tokens, list(r.sampled), list(d)))
