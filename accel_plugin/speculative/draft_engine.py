@@ -3,9 +3,10 @@
 One :class:`LlamaDraftModel` is loaded per distinct draft directory (two domains
 may share one). Each request being drafted owns a :class:`DraftCache`: its KV slot
 in that model and the tokens whose K/V the slot holds. At every step the cached
-tokens are compared with the request's verified context; the common prefix is kept
-(accepted drafts stay, rejected ones are dropped by overwriting) and only the new
-tokens are run. So the draft never recomputes a context it has seen.
+drafts fed back last step are compared with the request's new verified tokens (never
+the whole context: see :class:`DraftCache`); the common prefix is kept (accepted
+drafts stay, rejected ones are dropped by overwriting) and only the new tokens are
+run. So the draft never recomputes a context it has seen.
 
 Drafting one step for ``R`` requests of one draft model takes ``max k`` forwards:
 the first runs every request's new tokens (1-2 tokens for a running request, the
@@ -34,11 +35,46 @@ _LONG_ROW = 16
 
 @dataclass
 class DraftCache:
-    """A request's KV slot in one draft model and the tokens cached there."""
+    """A request's KV slot in one draft model and the tokens cached there.
+
+    The cached tokens are the request's context as of the last draft (``verified``
+    tokens, held by reference: a request's context only grows, so its first
+    ``verified`` tokens never change) followed by ``tail``, the drafts fed back into
+    the model. A step compares only ``tail`` with the context's new tokens, so the
+    host work does not grow with the context.
+    """
 
     draft: str
     slot: int
-    tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    #: how many tokens of the request's context the slot holds, as drafted last
+    verified: int = 0
+    #: the drafts fed into the model after those (all but the last of each step)
+    tail: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    #: the context of the last draft (a reference, not a copy) and its last token
+    base: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    anchor: int = -1
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """Every token whose K/V the slot holds (a copy: for tests and debugging)."""
+        return np.concatenate([np.asarray(self.base[: self.verified], dtype=np.int64), self.tail])
+
+    def cached_prefix(self, context: np.ndarray) -> int:
+        """How many leading tokens of ``context`` the slot already holds.
+
+        Only the tokens after ``verified`` are compared, when ``context`` continues the
+        last one (its token at ``verified - 1`` is the one seen then); a context that
+        does not (a test reusing a cache, say) is compared whole."""
+        v = self.verified
+        if 0 < v <= len(context) and int(context[v - 1]) == self.anchor:
+            return v + _common_prefix(self.tail, context[v:])
+        return _common_prefix(self.tokens, context)
+
+    def remember(self, context: np.ndarray, fed: Sequence[int]) -> None:
+        """After drafting from ``context``: the slot holds it and ``fed``."""
+        self.verified, self.base = len(context), context
+        self.anchor = int(context[-1]) if len(context) else -1
+        self.tail = np.asarray(fed, dtype=np.int64)
 
 
 @dataclass
@@ -132,7 +168,7 @@ class DraftEngine:
         starts, news = {}, {}
         for i in active:
             job = jobs[i]
-            keep = min(_common_prefix(job.cache.tokens, job.context), len(job.context) - 1)
+            keep = min(job.cache.cached_prefix(job.context), len(job.context) - 1)
             starts[i], news[i] = keep, job.context[keep:]
         short = [i for i in active if len(news[i]) <= _LONG_ROW]
         long = [i for i in active if len(news[i]) > _LONG_ROW]
@@ -177,9 +213,7 @@ class DraftEngine:
             rounds += 1
         # 3. the cache now holds the context and every draft but the last
         for i in active:
-            job = jobs[i]
-            fed = drafts[i][:-1]
-            job.cache.tokens = np.concatenate([job.context.astype(np.int64), np.asarray(fed, dtype=np.int64)])
+            jobs[i].cache.remember(jobs[i].context, drafts[i][:-1])
         # everything but prompt prefills: forwards and the bookkeeping around them
         seconds = time.perf_counter() - t_start - prefill_seconds
         return DraftResult(drafts, seconds, rounds)

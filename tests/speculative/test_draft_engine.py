@@ -76,3 +76,24 @@ def test_free_cache_returns_slot(draft_dir):
     assert model.num_free_slots == 0
     engine.free_cache(cache)
     assert model.num_free_slots == 1
+
+
+def test_a_step_compares_only_the_new_tokens(draft_dir, hf_draft):
+    """The cache keeps the last context by reference and compares only what came after
+    it: a step's host work does not grow with the context (issue 22)."""
+    engine = DraftEngine(max_len=256)
+    cache = engine.new_cache(str(draft_dir))
+    ctx = np.arange(40, 140, dtype=np.int64)
+    first = engine.draft(str(draft_dir), [DraftJob(cache, ctx, 3)]).drafts[0]
+    assert cache.verified == len(ctx) and cache.base is ctx and list(cache.tail) == first[:-1]
+    # the target accepted the first draft and sampled another token
+    longer = np.concatenate([ctx, [first[0], 7]])
+
+    # a context whose old part differs (but ends on the same token) reads as cached:
+    # only the tokens after the cached context were compared
+    altered = longer.copy()
+    altered[:10] = 0
+    assert cache.cached_prefix(altered) == len(ctx) + 1  # the context + the accepted draft
+    assert cache.cached_prefix(longer) == len(ctx) + 1
+    assert engine.draft(str(draft_dir), [DraftJob(cache, longer, 2)]).drafts[0] == greedy(hf_draft, list(longer), 2)
+    assert np.array_equal(cache.tokens[: len(longer)], longer)
