@@ -14,6 +14,10 @@ undo
 upstream
     the change in the framework that would make the entry unnecessary.
 
+An entry may also read its target (``state=``, a function returning what the target
+holds now): the ledger test (tests/adapters/test_ledger.py) applies and undoes every
+entry of both adapters and checks that the target holds the identical objects again.
+
 :meth:`Patch.apply` and :meth:`Patch.revert` are idempotent. An entry knows whether
 it is applied from its own flag (:class:`Patch`: applied and reverted through the
 entry) or by asking the framework (:class:`ProbedPatch`: state the adapter changes
@@ -38,9 +42,20 @@ class Patch:
     :meth:`apply` and cleared by :meth:`revert`, so each runs its body at most once in a row.
     """
 
-    def __init__(self, name: str, *, target: str, why: str, undo: str, upstream: str) -> None:
+    def __init__(self, name: str, *, target: str, why: str, undo: str, upstream: str,
+                 state: Callable[[], object] | None = None) -> None:
         self.name, self.target, self.why, self.undo, self.upstream = name, target, why, undo, upstream
         self._applied = False
+        self._state = state
+
+    #: whether :meth:`revert` restores the target (False: the framework offers no way back)
+    undoable = True
+
+    def state(self) -> object:
+        """What the target holds now (the objects :meth:`revert` must put back)."""
+        if self._state is None:
+            raise NotImplementedError(f"ledger entry {self.name!r} has no state reader (pass state=...)")
+        return self._state()
 
     @property
     def applied(self) -> bool:
@@ -76,9 +91,11 @@ class ProbedPatch(Patch):
     """
 
     def __init__(self, name: str, *, probe: Callable[[], bool], apply: Callable[[], object] | None = None,
-                 revert: Callable[[], object] | None = None, **ledger: str) -> None:
-        super().__init__(name, **ledger)
+                 revert: Callable[[], object] | None = None, state: Callable[[], object] | None = None,
+                 **ledger: str) -> None:
+        super().__init__(name, state=state, **ledger)
         self._probe, self._apply_function, self._revert_function = probe, apply, revert
+        self.undoable = revert is not None
 
     @property
     def applied(self) -> bool:

@@ -41,19 +41,25 @@ def test_one_plugin_manager_per_process():
         head_sizes = backend.AccelFlashBackend.get_supported_head_sizes()
         backend.AccelPagedBackend.get_supported_kernel_block_sizes()
         name, cls = proposer._core_proposer()
+        from accel_plugin.adapters.vllm import _patches
         print(json.dumps({"loads": len(loads), "registered": adapter._REGISTERED, "proposer": name,
+                          "sampler_fix": _patches.sampler_fix_installed(),
                           "proposer_class": f"{cls.__module__}.{cls.__name__}", "head_sizes": head_sizes}))
     """, ACCEL_ATTENTION_BACKEND="")
     assert out["registered"]
+    assert not out["sampler_fix"], "the CPU sampler fix applies only with ACCEL_DRAFT_CONFIG set"
     assert out["loads"] == 1, out
     assert out["proposer"] == "ACCEL_DOMAIN_DRAFT"
     assert out["proposer_class"] == "accel_plugin.speculative.proposer.DomainProposer"
     assert out["head_sizes"] == [32, 64, 80, 96, 128, 256]
 
 
-def test_every_patch_in_the_ledger_is_applied_and_undone():
-    """With ACCEL_ATTENTION_BACKEND=flash on CPU: names, selector and CPU_ATTN override are
-    applied; undo_all() gives vLLM its own selection back (the names stay, inert)."""
+def test_every_patch_in_the_ledger_is_applied_and_undone(tiny_model_dir, tmp_path):
+    """With ACCEL_ATTENTION_BACKEND=flash and ACCEL_DRAFT_CONFIG on CPU: names, selector,
+    CPU_ATTN override and sampler fix are applied; undo_all() gives vLLM its own selection
+    back (the names stay, inert)."""
+    config = tmp_path / "drafts.yaml"
+    config.write_text(f"num_speculative_tokens: 2\ndefault: {{draft: {tiny_model_dir('gqa-d32')}}}\n")
     out = _run("""
         import json
         from vllm.platforms.cpu import CpuPlatform
@@ -78,8 +84,9 @@ def test_every_patch_in_the_ledger_is_applied_and_undone():
     """.replace("import accel_plugin.adapters.vllm as adapter",
                 "from accel_plugin.adapters.vllm import _patches as p0\n"
                 "        broken_before = p0.expand_batch_to_tokens_broken()\n"
-                "        import accel_plugin.adapters.vllm as adapter"), ACCEL_ATTENTION_BACKEND="flash")
-    assert out["ledger"] == ["backend names", "selector", "CPU backend override", "CPU sampler fix"]
+                "        import accel_plugin.adapters.vllm as adapter"), ACCEL_ATTENTION_BACKEND="flash",
+        ACCEL_DRAFT_CONFIG=str(config))
+    assert out["ledger"][:4] == ["backend names", "selector", "CPU backend override", "CPU sampler fix"]
     # patch 4 only where vLLM's own function is broken (vLLM CPU 0.32 here), and then it works
     assert out["applied"] == {"names": ["ACCEL_FLASH", "ACCEL_PAGED"], "selector": True, "cpu_override": True,
                               "cpu_path": "accel_plugin.adapters.vllm.backend.AccelFlashBackend",

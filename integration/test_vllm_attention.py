@@ -47,6 +47,8 @@ def generate(model_dir, prompts, *, runs=None, env=None, engine_kwargs=None, max
     """Run scripts/vllm_generate.py in a subprocess; returns (result, log)."""
     environ = {k: v for k, v in os.environ.items() if k != "ACCEL_ATTENTION_BACKEND"}
     environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # the plugin acts only once an accel variable is set; with the flag alone, one that selects nothing
+    environ.setdefault("ACCEL_METRICS", "1")
     environ.update(env or {})
     cmd = [
         sys.executable, str(SCRIPT), str(model_dir),

@@ -23,25 +23,30 @@ PAGED_PATH = "accel_plugin.adapters.vllm.backend.AccelPagedBackend"
 
 @pytest.fixture(scope="module")
 def registered():
-    """register() as vLLM's entry point runs it (ACCEL_ATTENTION_BACKEND unset)."""
+    """register() as vLLM's entry point runs it (ACCEL_ATTENTION_BACKEND unset; an accel
+    variable that selects nothing, ACCEL_METRICS, so that the plugin acts at all)."""
     import os
 
     assert "ACCEL_ATTENTION_BACKEND" not in os.environ or not os.environ["ACCEL_ATTENTION_BACKEND"]
-    from accel_plugin.adapters.vllm import register
+    import accel_plugin.adapters.vllm as adapter
+    from accel_plugin.adapters.vllm import _patches
 
-    # register() exports the metrics directory it makes to this process's children
-    # (ACCEL_METRICS_DIR); servers that later tests start must not share it
-    saved = os.environ.get("ACCEL_METRICS_DIR")
-    register()
-    register()  # idempotent
-    from accel_plugin.adapters.vllm import _REGISTERED
-
-    assert _REGISTERED
+    saved = os.environ.get("ACCEL_METRICS")
+    os.environ["ACCEL_METRICS"] = "1"
+    try:
+        adapter.register()
+        adapter.register()  # idempotent
+    finally:
+        if saved is None:
+            os.environ.pop("ACCEL_METRICS")
+        else:
+            os.environ["ACCEL_METRICS"] = saved
+    assert adapter._REGISTERED
     yield
-    if saved is None:
-        os.environ.pop("ACCEL_METRICS_DIR", None)
-    else:
-        os.environ["ACCEL_METRICS_DIR"] = saved
+    # what register() changed in this process (the metrics directory it exported included):
+    # servers that later tests start must not inherit it
+    _patches.undo_all()
+    adapter._REGISTERED = False
 
 
 @pytest.fixture

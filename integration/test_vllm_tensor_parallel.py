@@ -112,8 +112,9 @@ def tp_result(tiny_model_dir, tmp_path_factory):
     # VLLM_CPU_KVCACHE_SPACE (conftest.py) would give each rank 1 GiB: the script's 64 MiB instead
     unset = ("ACCEL_ATTENTION_BACKEND", "ACCEL_DRAFT_CONFIG", "VLLM_CPU_KVCACHE_SPACE")
     env = {k: v for k, v in os.environ.items() if k not in unset}
+    # ACCEL_METRICS=1: the plugin acts only once an accel variable is set (flash-tp1 uses the flag alone)
     env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-                "TMPDIR": str(root)})
+                "TMPDIR": str(root), "ACCEL_METRICS": "1"})
     cmd = [sys.executable, str(SCRIPTS / "vllm_tp_generate.py"), str(target),
            "--runs-json", json.dumps(runs_table(config))]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=800)

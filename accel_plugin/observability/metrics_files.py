@@ -11,10 +11,12 @@ values are written straight into ``prometheus_client``'s multiprocess file forma
 own value class is:
 
 * :func:`setup_process` runs early in every process (vLLM: the plugin's
-  ``register()``). The first process makes a temporary directory and passes it to
-  its children in ``ACCEL_METRICS_DIR`` (removed when that process exits); it
-  registers :class:`FileCollector` in ``prometheus_client.REGISTRY``, which serves
-  the files of every process when the framework serves that registry.
+  ``register()``, through its patch ledger, step by step: :class:`ProcessSetup`
+  changes nothing an adapter cannot undo). The first process makes a temporary
+  directory and passes it to its children in ``ACCEL_METRICS_DIR`` (removed when
+  that process exits, by an ``atexit`` hook); it registers :class:`FileCollector`
+  in ``prometheus_client.REGISTRY``, which serves the files of every process when
+  the framework serves that registry.
 * When ``PROMETHEUS_MULTIPROC_DIR`` is set (by the user, or by vLLM with several API
   servers), the files go there instead: the framework's own multiprocess collector
   then reads them, and :class:`FileCollector` stays silent (no duplicates).
@@ -44,7 +46,8 @@ from typing import Any
 from .. import envs
 from .metrics_catalogue import MetricDef
 
-__all__ = ["FileCollector", "MetricsSink", "find_prometheus", "metrics_dir", "read_metrics", "setup_process"]
+__all__ = ["FileCollector", "MetricsSink", "ProcessSetup", "current_setup", "find_prometheus", "metrics_dir", "process_setup",
+           "read_metrics", "setup_process"]
 
 _logger = logging.getLogger("accel_plugin.observability.metrics_files")
 
@@ -159,25 +162,107 @@ def read_metrics(directory: str) -> dict[tuple[str, tuple[tuple[str, str], ...]]
     return out
 
 
-#: this process's setup: the directory its collector serves (inherited by a forked child)
-_process: dict[str, str | None] = {"dir": None}
-
-
 def _remove_owned_dir(path: str, pid: int) -> None:
     if os.getpid() == pid:  # a forked child inherits atexit handlers; only the creator removes it
         shutil.rmtree(path, ignore_errors=True)
 
 
-def setup_process(environ: dict[str, str] | None = None, registry: Any = None) -> str | None:
-    """Prepare this process for accel metrics, early (vLLM: in ``register()``); idempotent.
+class ProcessSetup:
+    """What preparing this process for accel metrics changes, one step at a time, each with
+    its undo, so that an adapter can list every step in its patch ledger:
 
-    Returns the directory the files go to, or None when metrics are off
-    (``ACCEL_METRICS=0``, or ``prometheus_client`` is not installed). Without
-    ``PROMETHEUS_MULTIPROC_DIR`` and ``ACCEL_METRICS_DIR``, makes a temporary directory,
-    exports it as ``ACCEL_METRICS_DIR`` (children inherit it) and removes it at exit.
-    Registers a :class:`FileCollector` for that directory in ``registry`` (default:
-    ``prometheus_client.REGISTRY``), once per process.
+    1. :meth:`export_dir` / :meth:`unexport_dir`: without ``ACCEL_METRICS_DIR``, a
+       temporary directory, exported as ``ACCEL_METRICS_DIR`` (the children inherit it);
+    2. :meth:`register_collector` / :meth:`unregister_collector`: a :class:`FileCollector`
+       for that directory in ``registry`` (``prometheus_client.REGISTRY``);
+    3. :meth:`register_cleanup` / :meth:`unregister_cleanup`: an ``atexit`` hook that
+       removes the temporary directory (only a directory step 1 made).
+
+    :func:`setup_process` runs the three in order. Each step runs at most once in a row.
     """
+
+    def __init__(self, environ: dict[str, str], registry: Any):
+        self.environ, self.registry = environ, registry
+        self.own: str | None = None  # the accel directory the collector serves
+        self.made = False  # step 1 made (and exported) the directory
+        self.collector: FileCollector | None = None
+        self._cleanup: tuple[Callable[..., None], str, int] | None = None
+
+    @property
+    def directory(self) -> str | None:
+        """Where this process writes (``PROMETHEUS_MULTIPROC_DIR`` wins over the accel one)."""
+        return metrics_dir(self.environ) or self.own
+
+    def export_dir(self) -> str:
+        if self.own is None:
+            own = envs.metrics_dir(self.environ)
+            if own is None:
+                own = tempfile.mkdtemp(prefix="accel-metrics-")
+                self.environ[envs.ACCEL_METRICS_DIR] = own
+                self.made = True
+            else:
+                os.makedirs(own, exist_ok=True)
+            self.own = own
+        return self.own
+
+    def unexport_dir(self) -> None:
+        """Forget the directory; one that :meth:`export_dir` made is removed and unexported."""
+        if self.made and self.own is not None:
+            if self.environ.get(envs.ACCEL_METRICS_DIR) == self.own:
+                del self.environ[envs.ACCEL_METRICS_DIR]
+            shutil.rmtree(self.own, ignore_errors=True)
+        self.own, self.made = None, False
+
+    def register_collector(self) -> None:
+        if self.collector is None:
+            collector = FileCollector(self.export_dir())
+            self.registry.register(collector)
+            self.collector = collector
+
+    def unregister_collector(self) -> None:
+        if self.collector is not None:
+            self.registry.unregister(self.collector)
+            self.collector = None
+
+    def register_cleanup(self) -> None:
+        self.export_dir()
+        if self._cleanup is None and self.made and self.own is not None:
+            self._cleanup = (_remove_owned_dir, self.own, os.getpid())
+            atexit.register(*self._cleanup)
+
+    def unregister_cleanup(self) -> None:
+        if self._cleanup is not None:
+            atexit.unregister(self._cleanup[0])  # only this module registers it
+            self._cleanup = None
+
+    @property
+    def cleanup_registered(self) -> bool:
+        return self._cleanup is not None
+
+    @property
+    def cleanup_handler(self) -> tuple[Callable[..., None], str, int] | None:
+        """The ``atexit`` handler and arguments :meth:`register_cleanup` registered (None: none)."""
+        return self._cleanup
+
+    @property
+    def done(self) -> bool:
+        """All three steps are in place (here, or in the parent this process was forked from)."""
+        return self.collector is not None and (self._cleanup is not None or not self.made)
+
+
+#: this process's setup (inherited, done, by a forked child)
+_process: dict[str, ProcessSetup | None] = {"setup": None}
+
+
+def current_setup() -> ProcessSetup | None:
+    """The :class:`ProcessSetup` :func:`process_setup` made in this process (or its parent), if any."""
+    return _process["setup"]
+
+
+def process_setup(environ: dict[str, str] | None = None, registry: Any = None) -> ProcessSetup | None:
+    """This process's :class:`ProcessSetup` (made on first call, nothing changed yet), or
+    None when metrics are off (``ACCEL_METRICS=0``, or ``prometheus_client`` is not installed).
+    ``registry``: where the collector goes (default: ``prometheus_client.REGISTRY``)."""
     environ = os.environ if environ is None else environ
     if not envs.metrics_enabled(environ):
         return None
@@ -185,15 +270,21 @@ def setup_process(environ: dict[str, str] | None = None, registry: Any = None) -
     if prometheus is None:
         _logger.debug("accel metrics are off: prometheus_client is not installed (pip install prometheus_client)")
         return None
-    if _process["dir"] is not None:  # done here, or in the parent this process was forked from
-        return metrics_dir(environ) or _process["dir"]
-    own = envs.metrics_dir(environ)
-    if own is None:
-        own = tempfile.mkdtemp(prefix="accel-metrics-")
-        environ[envs.ACCEL_METRICS_DIR] = own
-        atexit.register(_remove_owned_dir, own, os.getpid())
-    else:
-        os.makedirs(own, exist_ok=True)
-    (registry or prometheus.REGISTRY).register(FileCollector(own))
-    _process["dir"] = own
-    return metrics_dir(environ)
+    if _process["setup"] is None:
+        _process["setup"] = ProcessSetup(environ, prometheus.REGISTRY if registry is None else registry)
+    return _process["setup"]
+
+
+def setup_process(environ: dict[str, str] | None = None, registry: Any = None) -> str | None:
+    """Prepare this process for accel metrics, early; idempotent. Runs the three steps of
+    :class:`ProcessSetup` (an adapter runs them through its ledger instead).
+
+    Returns the directory the files go to, or None when metrics are off.
+    """
+    setup = process_setup(environ, registry)
+    if setup is None:
+        return None
+    setup.export_dir()
+    setup.register_collector()
+    setup.register_cleanup()
+    return setup.directory

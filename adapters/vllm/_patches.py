@@ -1,8 +1,9 @@
-"""Every change accel-plugin makes to vLLM's state, with its ledger.
+"""Every change accel-plugin makes to vLLM's state and to the process it runs in, with its ledger.
 
 :data:`LEDGER` lists them, in the mechanism both adapters share
-(:mod:`accel_plugin.adapters._ledger`; a test checks each is undone by :func:`undo_all`).
-Each entry reads its state from vLLM (a ``ProbedPatch``):
+(:mod:`accel_plugin.adapters._ledger`; tests/adapters/test_ledger.py applies and undoes
+every entry). None is applied while no accel variable is set. Each entry reads its
+state from vLLM or the process (a ``ProbedPatch``):
 :func:`accel_plugin.adapters.vllm.register` applies them through the functions of this
 module; after a failed ``register()`` it calls :func:`undo_all`, which leaves vLLM
 choosing as before.
@@ -67,8 +68,9 @@ upstream change that would remove it
 target
     ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens``, replaced by
     :func:`expand_batch_to_tokens_torch` (the same result with
-    ``repeat_interleave``), only when a probe on this process finds vLLM's own
-    function wrong (:func:`expand_batch_to_tokens_broken`).
+    ``repeat_interleave``; :mod:`._sampler_fix`), only when ``ACCEL_DRAFT_CONFIG``
+    asks for speculation and a probe on this process finds vLLM's own function
+    wrong (:func:`expand_batch_to_tokens_broken`).
 why
     it spreads each request's temperature (top-k, top-p) over its draft tokens
     before verification. vLLM CPU 0.32's C++ shim writes into an int64 copy of
@@ -81,6 +83,37 @@ how it is undone
 upstream change that would remove it
     a fixed CPU ``expand_batch_to_tokens`` (vllm-project/vllm PR #42638 was
     closed unmerged); the probe then finds it correct and nothing is patched.
+
+5. to 7. Live metrics: ``ACCEL_METRICS_DIR``, a collector, an ``atexit`` hook
+-----------------------------------------------------------------------------
+target
+    5: ``os.environ["ACCEL_METRICS_DIR"]``, set to a temporary directory made here
+    (only when the variable is unset); 6: ``prometheus_client.REGISTRY`` gains a
+    ``FileCollector`` of that directory; 7: an ``atexit`` handler that removes the
+    temporary directory. The steps are the core's
+    (:class:`accel_plugin.observability.metrics_files.ProcessSetup`), applied here by
+    :func:`accel_plugin.adapters.vllm.metrics.setup` (:mod:`._process_state`).
+why
+    the worker writes the metric files, the API server's ``/metrics`` serves
+    ``prometheus_client.REGISTRY``; the children find the directory in the variable.
+how it is undone
+    7: ``atexit.unregister``; 6: ``REGISTRY.unregister``; 5: the variable unset and
+    the directory removed (a directory the user named stays).
+upstream change that would remove it
+    a metrics hook for general plugins in vLLM.
+
+8. vLLM's Ray prefix list (``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY``)
+------------------------------------------------------------------------
+target
+    ``os.environ["VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"]`` gains ``ACCEL_``
+    (``_compat.carry_settings_to_ray_workers``), only when a setting asks for something.
+why
+    vLLM's Ray executor copies only the variables it lists to its workers (other
+    nodes included); the multiprocess executor's children inherit them anyway.
+how it is undone
+    the variable's previous value is put back (unset if it was).
+upstream change that would remove it
+    vLLM copying the variables of general plugins to Ray workers.
 """
 
 from __future__ import annotations
@@ -88,16 +121,26 @@ from __future__ import annotations
 import inspect
 
 from .._ledger import Ledger, ProbedPatch
-from . import _compat
+from . import _compat, _process_state
+from ._sampler_fix import (
+    expand_batch_to_tokens_broken,
+    expand_batch_to_tokens_torch,
+    install_sampler_fix,
+    sampler_fix_installed,
+    sampler_function,
+    uninstall_sampler_fix,
+)
 from .backend import BACKEND_CLASS_PATHS
 
 __all__ = [
-    "LEDGER", "cpu_override_active", "expand_batch_to_tokens_broken", "expand_batch_to_tokens_torch",
-    "install", "install_sampler_fix", "installed", "sampler_fix_installed", "set_env_choice", "undo_all",
-    "uninstall", "uninstall_sampler_fix",
+    "CPU_OVERRIDE", "LEDGER", "METRICS_PATCHES", "RAY_ENVIRONMENT", "SAMPLER_FIX", "cpu_override_active",
+    "expand_batch_to_tokens_broken", "expand_batch_to_tokens_torch", "install", "install_sampler_fix",
+    "installed", "sampler_fix_installed", "set_env_choice", "undo_all", "uninstall", "uninstall_sampler_fix",
 ]
 
 _ORIGINAL_ATTR = "__accel_original__"
+#: the platform class's own attribute before the patch (None: it inherited the method)
+_OWN_ATTR = "__accel_original_own__"
 _state: dict[str, object] = {"env_choice": None, "env_setting": None, "warned": set()}
 
 
@@ -139,7 +182,7 @@ def _validate_here(name: str, attn_selector_config) -> str:
     return path
 
 
-def _wrap(original_func):
+def _wrap(original_func, own_attr):
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, *args, **kwargs):
         name = _requested(selected_backend)
         if name is None:
@@ -151,6 +194,7 @@ def _wrap(original_func):
 
     get_attn_backend_cls.__doc__ = (original_func.__doc__ or "") + "\n\n(wrapped by accel-plugin)"
     setattr(get_attn_backend_cls, _ORIGINAL_ATTR, original_func)
+    setattr(get_attn_backend_cls, _OWN_ATTR, own_attr)
     return get_attn_backend_cls
 
 
@@ -170,7 +214,8 @@ def install(platform_cls=None) -> type:
             f"{platform_cls.__name__}.{_compat.SELECTOR_METHOD} is not a classmethod in this "
             f"vLLM version ({_compat.VLLM_VERSION}); accel-plugin's selector patch needs updating"
         )
-    setattr(platform_cls, _compat.SELECTOR_METHOD, classmethod(_wrap(attr.__func__)))
+    own = platform_cls.__dict__.get(_compat.SELECTOR_METHOD)
+    setattr(platform_cls, _compat.SELECTOR_METHOD, classmethod(_wrap(attr.__func__, own)))
     return platform_cls
 
 
@@ -178,83 +223,19 @@ def uninstall(platform_cls=None) -> None:
     """Restore vLLM's selector on ``platform_cls`` (default: the current platform)."""
     platform_cls = platform_cls or type(_compat.current_platform())
     attr = platform_cls.__dict__.get(_compat.SELECTOR_METHOD)
-    original = getattr(getattr(attr, "__func__", None), _ORIGINAL_ATTR, None)
-    if original is None:
+    wrapper = getattr(attr, "__func__", None)
+    if not hasattr(wrapper, _ORIGINAL_ATTR):
         return
-    # Put back exactly what was there: the class's own classmethod, or nothing (inherited).
-    base = inspect.getattr_static(platform_cls.__mro__[1], _compat.SELECTOR_METHOD, None)
-    if base is not None and getattr(base, "__func__", None) is original:
+    own = getattr(wrapper, _OWN_ATTR)
+    if own is None:  # it was inherited: inherit it again
         delattr(platform_cls, _compat.SELECTOR_METHOD)
-    else:
-        setattr(platform_cls, _compat.SELECTOR_METHOD, classmethod(original))
+    else:  # the identical object that was there
+        setattr(platform_cls, _compat.SELECTOR_METHOD, own)
 
 
 def cpu_override_active() -> bool:
     """``CPU_ATTN`` currently resolves to one of our backend classes (patch 3)."""
     return _compat.AttentionBackendEnum.CPU_ATTN.get_path() in BACKEND_CLASS_PATHS.values()
-
-
-def expand_batch_to_tokens_torch(x, cu_num_tokens, num_tokens: int, replace_from=0, replace_to=0):
-    """What vLLM's ``expand_batch_to_tokens`` computes: ``x[i]`` repeated for request
-    ``i``'s tokens (``cu_num_tokens`` is cumulative), ``replace_from`` -> ``replace_to``."""
-    import torch
-
-    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
-    out = torch.repeat_interleave(x, counts, output_size=num_tokens)
-    return torch.where(out == replace_from, torch.full_like(out, replace_to), out)
-
-
-def expand_batch_to_tokens_broken(function=None) -> bool:
-    """Whether ``function`` (default: vLLM's, as installed) spreads float values wrongly."""
-    import torch
-
-    function = function or getattr(_compat.rejection_sampler_module(), _EXPAND, None)
-    if function is None:
-        return False
-    x = torch.tensor([0.25, 0.0, 0.75], dtype=torch.float32)
-    cu = torch.tensor([2, 3, 6], dtype=torch.int32)
-    want = expand_batch_to_tokens_torch(x, cu, 6, replace_from=0, replace_to=1)
-    try:
-        return not torch.equal(function(x, cu, 6, replace_from=0, replace_to=1), want)
-    except Exception:  # noqa: BLE001 - a function that cannot run this is broken too
-        return True
-
-
-_EXPAND = "expand_batch_to_tokens"
-
-
-def sampler_fix_installed() -> bool:
-    module = _compat.rejection_sampler_module()
-    return hasattr(getattr(module, _EXPAND, None), _ORIGINAL_ATTR)
-
-
-def install_sampler_fix(platform_cls=None) -> bool:
-    """Patch 4: on the CPU platform, replace a broken ``expand_batch_to_tokens``.
-    Returns True when the fix is in place (now or before)."""
-    platform_cls = platform_cls or type(_compat.current_platform())
-    if sampler_fix_installed():
-        return True
-    if not _compat.platform_ignores_selected_backend(platform_cls):  # the CPU platform only
-        return False
-    module = _compat.rejection_sampler_module()
-    original = getattr(module, _EXPAND, None)
-    if original is None or not expand_batch_to_tokens_broken(original):
-        return False
-
-    def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
-        return expand_batch_to_tokens_torch(x, cu_num_tokens, num_tokens, replace_from, replace_to)
-
-    expand_batch_to_tokens.__doc__ = (original.__doc__ or "") + "\n\n(replaced by accel-plugin: CPU fix)"
-    setattr(expand_batch_to_tokens, _ORIGINAL_ATTR, original)
-    setattr(module, _EXPAND, expand_batch_to_tokens)
-    return True
-
-
-def uninstall_sampler_fix() -> None:
-    module = _compat.rejection_sampler_module()
-    original = getattr(getattr(module, _EXPAND, None), _ORIGINAL_ATTR, None)
-    if original is not None:
-        setattr(module, _EXPAND, original)
 
 
 def _register_backend_names() -> None:
@@ -270,46 +251,93 @@ def _selector_installed() -> bool:
     return installed(type(_compat.current_platform()))
 
 
+def _selector_state():
+    return type(_compat.current_platform()).__dict__.get(_compat.SELECTOR_METHOD)
+
+
+def _override_cpu_backend() -> None:
+    """Point ``CPU_ATTN`` at the backend ``ACCEL_ATTENTION_BACKEND`` chose (:func:`set_env_choice`)."""
+    if _state["env_choice"] is None:
+        raise ValueError("no accel backend is chosen (set_env_choice) to override CPU_ATTN with")
+    _compat.override_cpu_backend(BACKEND_CLASS_PATHS[_state["env_choice"]])
+
+
 def _clear_cpu_override() -> None:
     _compat.override_cpu_backend(None)
 
 
-#: Every change of this adapter to vLLM, in ledger order (the module docstring has the
-#: details). Each entry reads its state from vLLM (``register()`` applies them through the
-#: functions above); :func:`undo_all` reverts them.
-LEDGER = Ledger(
-    ProbedPatch(
-        "backend names", probe=_names_registered, apply=_register_backend_names,
-        target="AttentionBackendEnum.ACCEL_FLASH / ACCEL_PAGED",
-        why="so that --attention-backend ACCEL_FLASH parses and resolves to our class",
-        undo="cannot be removed from vLLM's enum; inert once patches 2 and 3 are undone",
-        upstream="none needed: vLLM's register_backend (0.32 on) is the intended extension point"),
-    ProbedPatch(
-        "selector", probe=_selector_installed, apply=install, revert=uninstall,
-        target=f"<current platform>.{_compat.SELECTOR_METHOD}",
-        why="ACCEL_ATTENTION_BACKEND selects our backend with no other flag; the CPU platform ignores the "
-            "requested backend",
-        undo="uninstall()",
-        upstream="a platform-independent default backend for general plugins; the CPU platform honouring "
-                 "selected_backend"),
-    ProbedPatch(
-        "CPU backend override", probe=cpu_override_active, revert=_clear_cpu_override,
-        target="AttentionBackendEnum.CPU_ATTN",
-        why="parts of vLLM's CPU worker resolve CPU_ATTN directly, not through the selector",
-        undo="override_cpu_backend(None)",
-        upstream="the CPU platform honouring selected_backend"),
-    ProbedPatch(
-        "CPU sampler fix", probe=sampler_fix_installed, apply=install_sampler_fix, revert=uninstall_sampler_fix,
-        target="vllm.v1.sample.rejection_sampler.expand_batch_to_tokens",
-        why="vLLM CPU 0.32's expand_batch_to_tokens leaves the drafts' temperatures unset: sampling stops "
-            "being lossless",
-        undo="uninstall_sampler_fix()",
-        upstream="a fixed CPU expand_batch_to_tokens (vllm-project/vllm PR #42638 was closed unmerged)"),
-)
+#: Every change of this adapter to vLLM and to the process, in ledger order (the module
+#: docstring has the details). Each entry reads its state from vLLM or the process;
+#: ``register()`` applies them (:func:`accel_plugin.adapters.vllm.register`), :func:`undo_all`
+#: reverts them.
+BACKEND_NAMES = ProbedPatch(
+    "backend names", probe=_names_registered, apply=_register_backend_names,
+    state=lambda: tuple(_compat.backend_member(name) for name in BACKEND_CLASS_PATHS),
+    target="AttentionBackendEnum.ACCEL_FLASH / ACCEL_PAGED",
+    why="so that --attention-backend ACCEL_FLASH parses and resolves to our class",
+    undo="cannot be removed from vLLM's enum; inert once patches 2 and 3 are undone",
+    upstream="none needed: vLLM's register_backend (0.32 on) is the intended extension point")
+SELECTOR = ProbedPatch(
+    "selector", probe=_selector_installed, apply=install, revert=uninstall, state=_selector_state,
+    target=f"<current platform>.{_compat.SELECTOR_METHOD}",
+    why="ACCEL_ATTENTION_BACKEND selects our backend with no other flag; the CPU platform ignores the "
+        "requested backend",
+    undo="uninstall(): the platform class's own attribute back, or none (inherited)",
+    upstream="a platform-independent default backend for general plugins; the CPU platform honouring "
+             "selected_backend")
+CPU_OVERRIDE = ProbedPatch(
+    "CPU backend override", probe=cpu_override_active, apply=_override_cpu_backend, revert=_clear_cpu_override,
+    state=lambda: _compat.AttentionBackendEnum.CPU_ATTN.get_path(),
+    target="AttentionBackendEnum.CPU_ATTN",
+    why="parts of vLLM's CPU worker resolve CPU_ATTN directly, not through the selector",
+    undo="override_cpu_backend(None)",
+    upstream="the CPU platform honouring selected_backend")
+SAMPLER_FIX = ProbedPatch(
+    "CPU sampler fix", probe=sampler_fix_installed, apply=install_sampler_fix, revert=uninstall_sampler_fix,
+    state=sampler_function,
+    target="vllm.v1.sample.rejection_sampler.expand_batch_to_tokens (only with ACCEL_DRAFT_CONFIG set)",
+    why="vLLM CPU 0.32's expand_batch_to_tokens leaves the drafts' temperatures unset: sampling stops "
+        "being lossless",
+    undo="uninstall_sampler_fix()",
+    upstream="a fixed CPU expand_batch_to_tokens (vllm-project/vllm PR #42638 was closed unmerged)")
+METRICS_DIR = ProbedPatch(
+    "metrics directory", probe=_process_state.metrics_dir_exported, apply=_process_state.export_metrics_dir,
+    revert=_process_state.unexport_metrics_dir, state=_process_state.metrics_dir_state,
+    target="os.environ['ACCEL_METRICS_DIR'] and the temporary directory it names",
+    why="vLLM's worker writes the metric files its API server's /metrics serves; children inherit the variable",
+    undo="ProcessSetup.unexport_dir(): the variable unset and the directory removed (only one it made)",
+    upstream="a metrics hook for general plugins in vLLM (then vLLM's own multiprocess registry carries them)")
+METRICS_COLLECTOR = ProbedPatch(
+    "metrics collector", probe=_process_state.collector_registered, apply=_process_state.register_collector,
+    revert=_process_state.unregister_collector, state=_process_state.registry_state,
+    target="prometheus_client.REGISTRY (a FileCollector of the metrics directory)",
+    why="vllm serve's /metrics serves prometheus_client.REGISTRY; the collector adds the accel files",
+    undo="REGISTRY.unregister(collector)",
+    upstream="as for the metrics directory")
+METRICS_CLEANUP = ProbedPatch(
+    "metrics directory cleanup", probe=_process_state.cleanup_registered, apply=_process_state.register_cleanup,
+    revert=_process_state.unregister_cleanup, state=_process_state.atexit_state,
+    target="atexit (a handler removing the temporary metrics directory)",
+    why="the temporary directory would outlive the server",
+    undo="atexit.unregister(handler)",
+    upstream="as for the metrics directory")
+RAY_ENVIRONMENT = ProbedPatch(
+    "Ray worker environment", probe=_process_state.ray_prefix_added, apply=_process_state.add_ray_prefix,
+    revert=_process_state.restore_ray_prefixes, state=_process_state.ray_prefixes_state,
+    target=f"os.environ['{_compat.RAY_PREFIXES_SETTING}'] gains {_compat.ACCEL_PREFIX} (only with a setting "
+           "that asks for something)",
+    why="vLLM's Ray executor copies only the listed variables to its workers",
+    undo="the variable's previous value back (or unset)",
+    upstream="vLLM copying the variables of general plugins to Ray workers")
+
+LEDGER = Ledger(BACKEND_NAMES, SELECTOR, CPU_OVERRIDE, SAMPLER_FIX, METRICS_DIR, METRICS_COLLECTOR,
+                METRICS_CLEANUP, RAY_ENVIRONMENT)
+#: what live metrics change in this process (:func:`accel_plugin.adapters.vllm.metrics.setup`)
+METRICS_PATCHES = (METRICS_DIR, METRICS_COLLECTOR, METRICS_CLEANUP)
 
 
 def undo_all(platform_cls=None) -> None:
-    """Undo patches 2, 3 and 4 (patch 1 cannot be undone, see the ledger); ``platform_cls``:
+    """Undo every entry that can be undone (patch 1 cannot, see the ledger); ``platform_cls``:
     a platform class whose selector is patched besides the current platform's."""
     set_env_choice(None)
     if platform_cls is not None:

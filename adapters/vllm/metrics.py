@@ -1,8 +1,8 @@
 """accel metrics inside vLLM: where each number comes from (the accounting is
 :mod:`accel_plugin.observability.metrics_recorders`; the user's view is docs/observability.md).
 
-* :func:`setup` runs in ``register()``, in every vLLM process, before vLLM starts
-  its engine core: it prepares the metric files' directory, hands it to the
+* :func:`setup` runs in ``register()``, in every vLLM process where an accel
+  variable is set, before vLLM starts its engine core: it prepares the metric files' directory, hands it to the
   processes vLLM starts next (``ACCEL_METRICS_DIR``) and registers the collector
   that ``vllm serve``'s ``/metrics`` serves (``prometheus_client.REGISTRY``, or
   vLLM's own multiprocess collector when ``PROMETHEUS_MULTIPROC_DIR`` is set).
@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 __all__ = ["KVRecorder", "ProposerRecorder", "kv_recorder", "proposer_recorder", "setup"]
@@ -38,11 +39,17 @@ def _logger():
     return init_logger("vllm.accel_plugin")
 
 
-def setup() -> str | None:
-    """Called by ``register()`` in every process; returns the metric directory or None (off)."""
-    from accel_plugin.observability.metrics_files import setup_process
+def setup(apply_steps: Callable[[], None]) -> str | None:
+    """Called by ``register()`` in every process; returns the metric directory or None (off).
+    ``apply_steps`` makes the changes (the ledger entries ``_patches.METRICS_PATCHES``, so
+    that ``undo_all()`` undoes them)."""
+    from accel_plugin.observability.metrics_files import process_setup
 
-    return setup_process()
+    plan = process_setup()
+    if plan is None:
+        return None
+    apply_steps()
+    return plan.directory
 
 
 def _live(vllm_config: Any):

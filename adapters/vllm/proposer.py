@@ -86,8 +86,9 @@ class DomainDraftProposer:
 
         from accel_plugin.versions import UnsupportedFrameworkVersion
 
-        from . import _compat  # refuses a vLLM outside SUPPORTED_VERSIONS
+        from . import _compat
 
+        _compat.check_version()  # refuses a vLLM outside SUPPORTED_VERSIONS
         refusal = _compat.speculation_refusal()
         if refusal is not None:  # at start-up, not at the first verification step
             raise UnsupportedFrameworkVersion(f"accel-plugin's domain proposer cannot run here: {refusal}")

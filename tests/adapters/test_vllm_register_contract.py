@@ -44,12 +44,15 @@ ROWS: dict[str, tuple[dict[str, str], str | None, str | None, str]] = {
                                "ACCEL_ATTENTION_BACKEND=flash refused: ACCEL_FLASH: "),
     "internal failure, backend set": ({"ACCEL_ATTENTION_BACKEND": "paged"}, "boom", "AccelStartupError",
                                       "could not install what ACCEL_ATTENTION_BACKEND asks for: RuntimeError: boom"),
-    "internal failure, nothing set": ({}, "boom", None, "no accel setting is set, so accel-plugin stays inactive"),
+    "nothing set": ({}, "boom", None, "inactive: no ACCEL_* variable is set, so nothing in vLLM or this process"),
+    "internal failure, nothing asked": ({"ACCEL_TRACE": "0"}, "boom", None,
+                                        "no accel setting asks for anything (ACCEL_ATTENTION_BACKEND, "
+                                        "ACCEL_DRAFT_CONFIG, ACCEL_PLUGINS unset), so accel-plugin stays inactive"),
     "metrics dir is a file": ({"ACCEL_METRICS_DIR": "@file"}, None, "AccelStartupError",
                               "is not valid; valid values: a directory path (it may not exist yet); this one is a file"),
     "metrics dir cannot be made": ({"ACCEL_METRICS_DIR": "/proc/accel-metrics"}, None, "AccelStartupError",
                                    "live metrics could not be set up (ACCEL_METRICS_DIR='/proc/accel-metrics'): "),
-    "metrics failure, nothing set": ({}, "metrics", None, "live metrics are off: disk full"),
+    "metrics failure, nothing asked": ({"ACCEL_TRACE": "0"}, "metrics", None, "live metrics are off: disk full"),
     "backend set": ({"ACCEL_ATTENTION_BACKEND": "paged"}, None, None, "ACCEL_ATTENTION_BACKEND=paged -> ACCEL_PAGED"),
 }
 
@@ -78,7 +81,7 @@ SCRIPT = textwrap.dedent("""
     def boom(*a, **k):
         raise RuntimeError("boom")
 
-    def disk_full():
+    def disk_full(apply_steps):
         raise OSError("disk full")
 
     PATCHES = {"cuda70": (selection, "select_attention_backend", on_old_gpu),
@@ -101,7 +104,8 @@ SCRIPT = textwrap.dedent("""
         out.update(registered=adapter._REGISTERED, log=list(records),
                    selector_patched=_patches.installed(platform_cls),
                    ray_copies=sorted(v for v in get_env_vars_to_copy() if v.startswith("ACCEL_")))
-        os.environ.pop(_compat.RAY_PREFIXES_SETTING, None)
+        out["applied"] = [entry.name for entry in _patches.LEDGER.applied() if entry.undoable]
+        _patches.undo_all()
         outcomes[name] = out
         selection.select_attention_backend = real["select"]
         _patches.install, adapter_metrics.setup = real["install"], real["setup"]
@@ -134,13 +138,20 @@ def test_register_stops_start_up_on_a_wrong_setting(outcomes, row):
         assert any(needle in line for line in out["log"]), out["log"]
 
 
-def test_a_failure_with_nothing_set_leaves_vllm_as_without_the_plugin(outcomes):
-    out = outcomes["internal failure, nothing set"]
-    assert not out["registered"] and not out["selector_patched"], out
+def test_with_nothing_set_register_applies_nothing(outcomes):
+    """No ACCEL_* variable: register() installs nothing (the failing install is never reached)."""
+    out = outcomes["nothing set"]
+    assert out["registered"] and not out["selector_patched"] and out["applied"] == [], out
+    assert out["ray_copies"] == [], out
 
 
-def test_a_metrics_failure_with_nothing_set_only_turns_metrics_off(outcomes):
-    out = outcomes["metrics failure, nothing set"]
+def test_a_failure_with_nothing_asked_leaves_vllm_as_without_the_plugin(outcomes):
+    out = outcomes["internal failure, nothing asked"]
+    assert not out["registered"] and not out["selector_patched"] and out["applied"] == [], out
+
+
+def test_a_metrics_failure_with_nothing_asked_only_turns_metrics_off(outcomes):
+    out = outcomes["metrics failure, nothing asked"]
     assert out["registered"], out
     assert any("metrics: off" in line for line in out["log"]), out["log"]
 
@@ -151,5 +162,8 @@ def test_accel_settings_reach_ray_workers(outcomes):
     assert outcomes["backend set"]["registered"]
     # with the metric files' directory register() made (workers on this node write there)
     assert outcomes["backend set"]["ray_copies"] == ["ACCEL_ATTENTION_BACKEND", "ACCEL_METRICS_DIR"]
+    # every change of a successful register() is in the ledger, and undone by undo_all()
+    assert outcomes["backend set"]["applied"] == ["selector", "CPU backend override", "metrics directory", "metrics collector",
+                                                  "metrics directory cleanup", "Ray worker environment"]
     # nothing asked of accel-plugin: vLLM's setting is left alone
-    assert outcomes["metrics failure, nothing set"]["ray_copies"] == []
+    assert outcomes["metrics failure, nothing asked"]["ray_copies"] == []

@@ -98,7 +98,7 @@ def test_unchanged_values_are_not_rewritten(tmp_path):
 
 @pytest.fixture
 def fresh_process(monkeypatch):
-    monkeypatch.setattr(metrics_files, "_process", {"dir": None})
+    monkeypatch.setattr(metrics_files, "_process", {"setup": None})
     monkeypatch.setattr(metrics_recorders, "_live", {})
 
 
@@ -116,6 +116,36 @@ def test_setup_process_makes_and_hands_over_a_directory(fresh_process):
     finally:
         metrics_files._remove_owned_dir(directory, os.getpid())
     assert not os.path.exists(directory)
+
+
+def test_process_setup_steps_are_undone(fresh_process):
+    """Each step of ProcessSetup has its undo (an adapter's ledger applies them one by one)."""
+    environ: dict[str, str] = {}
+    registry = prometheus_client.CollectorRegistry()
+    setup = metrics_files.process_setup(environ, registry=registry)
+    assert setup.own is None and environ == {} and list(registry._collector_to_names) == []  # nothing yet
+    setup.export_dir()
+    setup.register_collector()
+    setup.register_cleanup()
+    directory = setup.directory
+    assert setup.done and os.path.isdir(directory) and environ[envs.ACCEL_METRICS_DIR] == directory
+    assert list(registry._collector_to_names) == [setup.collector]
+    assert setup.cleanup_handler == (metrics_files._remove_owned_dir, directory, os.getpid())
+    setup.unregister_cleanup()
+    setup.unregister_collector()
+    setup.unexport_dir()
+    assert environ == {} and list(registry._collector_to_names) == [] and not os.path.exists(directory)
+    assert setup.cleanup_handler is None and not setup.done
+
+
+def test_a_directory_the_user_named_is_kept_and_not_exported(fresh_process, tmp_path):
+    environ = {envs.ACCEL_METRICS_DIR: str(tmp_path / "m")}
+    setup = metrics_files.process_setup(environ, registry=prometheus_client.CollectorRegistry())
+    setup.export_dir()
+    setup.register_cleanup()  # nothing to clean up: the directory is the user's
+    assert setup.cleanup_handler is None and os.path.isdir(tmp_path / "m")
+    setup.unexport_dir()
+    assert os.path.isdir(tmp_path / "m") and environ == {envs.ACCEL_METRICS_DIR: str(tmp_path / "m")}
 
 
 def test_prometheus_multiproc_dir_wins(fresh_process, tmp_path):
