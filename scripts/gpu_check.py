@@ -16,8 +16,9 @@ other dependencies, possibly without network access. In order:
 3. Installs this checkout as ``accel-plugin`` (``pip install --no-deps
    --no-build-isolation -e .``) unless ``accel_plugin.kernels`` already imports from it.
 4. Runs tests/kernels with TRITON_INTERPRET unset (kernels compiled, small shapes on
-   cuda, ``gpu``-marked realistic shapes), in a few pytest processes side by side
-   (compiling is CPU-bound), then ``python -m benchmarks.attention`` alone on the GPU.
+   cuda, ``gpu``-marked realistic shapes, CUDA-graph capture and replay of decode and
+   speculative-verify steps), in a few pytest processes side by side (compiling is
+   CPU-bound), then ``python -m benchmarks.attention`` alone on the GPU.
 5. Writes the report: versions, the device, every test's result, the benchmark's tables.
 
 Logs and JUnit XML files go to build/gpu-check/. The steps live in scripts/_gpu_check/:

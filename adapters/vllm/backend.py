@@ -81,10 +81,12 @@ class AccelAttentionMetadata:
 
 
 class AccelMetadataBuilder(AttentionMetadataBuilder[AccelAttentionMetadata]):
-    """Splits each step's requests between the flash and the paged kernel (host side)."""
+    """Splits each step's requests between the flash and the paged kernel, on the host from
+    vLLM's ``*_cpu`` metadata. With full CUDA graphs on, the steps vLLM may capture (decode
+    and uniform speculative verification) go to the paged kernel through persistent
+    buffers filled in place (:mod:`accel_plugin.adapters.vllm.cudagraphs`)."""
 
-    # Planning reads query lengths on the host: no CUDA-graph capture.
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    _cudagraph_support: ClassVar[AttentionCGSupport] = _compat.cudagraph_support()
     split_fresh_prompts: ClassVar[bool] = True
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
@@ -93,6 +95,10 @@ class AccelMetadataBuilder(AttentionMetadataBuilder[AccelAttentionMetadata]):
 
         # live KV-cache metrics (docs/observability.md), from host-side lengths; None: off
         self._metrics = kv_recorder(kv_cache_spec, vllm_config)
+        from .cudagraphs import graph_steps
+
+        # persistent buffers of the steps CUDA graphs capture; None: vLLM captures no full graphs
+        self.graph_steps = graph_steps(kv_cache_spec, vllm_config, device)
 
     def build(
         self,
@@ -108,16 +114,23 @@ class AccelMetadataBuilder(AttentionMetadataBuilder[AccelAttentionMetadata]):
             )
         from accel_plugin.attention import plan_batch
 
-        batch = plan_batch(
-            query_start_loc=common.query_start_loc,
-            seq_lens=common.seq_lens,
-            block_table=common.block_table_tensor,
-            num_actual_tokens=common.num_actual_tokens,
-            max_seq_len=common.max_seq_len,
-            query_start_loc_cpu=common.query_start_loc_cpu,
-            seq_lens_cpu=_compat.seq_lens_cpu(common),
-            split_fresh_prompts=self.split_fresh_prompts,
-        )
+        if self.graph_steps is not None and self.graph_steps.serves(common):
+            batch = self.graph_steps.buffers.plan(
+                query_start_loc=common.query_start_loc, seq_lens=common.seq_lens,
+                block_table=common.block_table_tensor, num_actual_tokens=common.num_actual_tokens,
+                max_query_len=common.max_query_len,
+            )
+        else:
+            batch = plan_batch(
+                query_start_loc=common.query_start_loc,
+                seq_lens=common.seq_lens,
+                block_table=common.block_table_tensor,
+                num_actual_tokens=common.num_actual_tokens,
+                max_seq_len=common.max_seq_len,
+                query_start_loc_cpu=common.query_start_loc_cpu,
+                seq_lens_cpu=_compat.seq_lens_cpu(common),
+                split_fresh_prompts=self.split_fresh_prompts,
+            )
         if self._metrics is not None:
             self._metrics.record(common)
         return AccelAttentionMetadata(
@@ -205,7 +218,7 @@ class AccelAttentionImpl(AttentionImpl[AccelAttentionMetadata]):
             from accel_plugin.kernels import runtime_mode_reason
 
             logger.info(
-                "Using %s attention backend (accel-plugin) in process %d; Triton kernels: %s",
+                "Using %s attention backend (accel-plugin) in process %d; kernels: %s",
                 name, os.getpid(), runtime_mode_reason(),
             )
 
@@ -285,6 +298,10 @@ class _AccelBackend(AttentionBackend):
     @classmethod
     def supports_kv_connector(cls) -> bool:
         return False  # KV connectors assume a backend's layout; none is tested with ours
+
+    @classmethod
+    def supports_device_cpu_query_lens_mismatch(cls) -> bool:
+        return False  # mixed steps are split by the host's query lengths (plan_batch)
 
     @classmethod
     def supports_compute_capability(cls, capability) -> bool:

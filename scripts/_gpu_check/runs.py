@@ -19,6 +19,7 @@ WORK = REPO / "build" / "gpu-check"
 #: pytest processes run side by side: (name, test files); "the rest" takes every other file.
 GROUPS = (
     ("gpu: realistic shapes", ["tests/kernels/test_gpu.py"]),
+    ("gpu: CUDA graphs, capture and replay", ["tests/kernels/test_gpu_cuda_graphs.py"]),
     ("flash_attn, small shapes", ["tests/kernels/test_flash_attn.py"]),
     ("paged_attn and kv_cache, small shapes", ["tests/kernels/test_paged_attn.py", "tests/kernels/test_kv_cache.py"]),
     ("property tests", ["tests/kernels/test_properties.py"]),

@@ -147,3 +147,41 @@ def test_matches_flash_attn_on_contiguous_cache(inputs, check):
     flash = flash_attn_varlen_func(q, k, v, cu_q, cu_q, 33, 33, causal=True)
     paged = paged_attention(q, k_cache, v_cache, cu_q, seq_lens, table, 33, 33, num_splits=1)
     torch.testing.assert_close(paged, flash, rtol=1e-5, atol=1e-5)
+
+
+
+def test_workspace_holds_the_splits(inputs):
+    """With a workspace, the split-K partials live in it (CUDA graphs: no allocation) and the
+    result equals the allocating call's; the automatic split takes no more than it holds."""
+    from accel_plugin.kernels import split_workspace_numel
+
+    q, k_cache, v_cache, cu_q, lens, table = inputs.paged([1, 4], [97, 60], 4, 2, 32, 16, torch.float32)
+    args = (q, k_cache, v_cache, cu_q, lens, table, 4, 97)
+    workspace = torch.full((split_workspace_numel(q.shape[0], 4, 32, 3),), float("nan"), device=q.device)
+    with_workspace = paged_attention(*args, num_splits=3, workspace=workspace)
+    assert not torch.isnan(workspace).all(), "the partials were not written to the workspace"
+    assert torch.equal(with_workspace, paged_attention(*args, num_splits=3))
+
+
+def test_automatic_split_fits_the_workspace(inputs):
+    """One short decode over 300 keys: the automatic rule splits (shapes and bounds only), as
+    far as a workspace holds; below one split's worth it does not split."""
+    from accel_plugin.kernels import auto_num_splits, split_workspace_numel
+
+    q, k_cache, v_cache, cu_q, lens, table = inputs.paged([1], [300], 2, 1, 32, 16, torch.float32)
+    args = (q, k_cache, v_cache, cu_q, lens, table, 1, 300)
+    splits = auto_num_splits(1, 1, 2, 1, 32, torch.float32, q.device, 1, 300)
+    assert splits > 1
+    ample = torch.empty(split_workspace_numel(1, 2, 32, splits), device=q.device)
+    assert torch.equal(paged_attention(*args, workspace=ample), paged_attention(*args, num_splits=splits))
+    too_small = ample[: split_workspace_numel(1, 2, 32, 2) // 2 - 1]
+    assert torch.equal(paged_attention(*args, workspace=too_small), paged_attention(*args, num_splits=1))
+
+
+def test_workspace_bad_input(inputs):
+    q, k_cache, v_cache, cu_q, lens, table = inputs.paged([1, 4], [97, 60], 4, 2, 32, 16, torch.float32)
+    args = (q, k_cache, v_cache, cu_q, lens, table, 4, 97)
+    with pytest.raises(ValueError, match="workspace must be a contiguous 1-D torch.float32 tensor"):
+        paged_attention(*args, workspace=torch.zeros(64, dtype=torch.float16, device=q.device))
+    with pytest.raises(ValueError, match="num_splits=4 needs"):
+        paged_attention(*args, num_splits=4, workspace=torch.zeros(8, device=q.device))
