@@ -13,13 +13,15 @@ dimension contiguous) and one batch description, :class:`AttentionBatch`:
 
 A framework adapter builds the :class:`AttentionBatch` once per step with
 :meth:`plan_batch` (host-side work: which request goes to which kernel), then per
-layer calls :meth:`write_kv` and :meth:`forward`. Nothing here imports a
-framework; the kernels are imported on first use.
+layer calls :meth:`write_kv` and :meth:`forward`. Steps a CUDA graph may capture
+are planned by :class:`GraphBatchBuffers` instead: the same batch, read from
+buffers allocated once. Nothing here imports a framework; the kernels are
+imported on first use.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -27,6 +29,7 @@ import torch
 __all__ = [
     "AttentionBatch",
     "FlashPagedAttention",
+    "GraphBatchBuffers",
     "PagedAttention",
     "TokenGroup",
     "UnsupportedAttentionConfig",
@@ -53,6 +56,10 @@ class TokenGroup:
     max_seqlen_q: int
     max_seq_len: int
     num_reqs: int
+    #: float32 scratch for the paged kernel's split-K partials (CUDA graphs), or None
+    split_workspace: torch.Tensor | None = None
+    #: the torch CPU path's index work for this step, shared by its layers (kernels' ``plans``)
+    cpu_plans: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -163,6 +170,57 @@ def plan_batch(
     )
 
 
+class GraphBatchBuffers:
+    """A step's metadata in tensors allocated once, for steps a CUDA graph captures.
+
+    A replayed graph reads the addresses it read at capture, so the paged kernel of a
+    captured step reads ``query_start_loc`` ``[max_num_seqs + 1]``, ``seq_lens``
+    ``[max_num_seqs]``, ``block_table`` ``[max_num_seqs, max_blocks_per_seq]`` (int32)
+    and the split-K ``split_workspace`` from here. :meth:`plan` copies a step into their
+    leading rows in place (``copy_``; no allocation, no host read of device data) and
+    sends the whole step to the paged kernel. Its launch then depends only on what a
+    capture size fixes: the padded token and request counts, ``max_query_len``, and
+    ``max_seq_len``, the model's maximum length (never the step's), from which split-K
+    is chosen (:func:`accel_plugin.kernels.auto_num_splits`).
+    """
+
+    def __init__(self, *, max_num_seqs: int, max_blocks_per_seq: int, max_seq_len: int,
+                 device: torch.device | str, split_workspace_numel: int = 0) -> None:
+        sizes = {"max_num_seqs": max_num_seqs, "max_blocks_per_seq": max_blocks_per_seq, "max_seq_len": max_seq_len}
+        bad = {k: v for k, v in sizes.items() if not isinstance(v, int) or v < 1}
+        if bad or split_workspace_numel < 0:
+            raise ValueError(f"GraphBatchBuffers needs sizes >= 1 and split_workspace_numel >= 0; got {bad or sizes}"
+                             f", split_workspace_numel={split_workspace_numel}")
+        self.max_seq_len = max_seq_len
+        self.query_start_loc = torch.zeros(max_num_seqs + 1, dtype=torch.int32, device=device)
+        self.seq_lens = torch.zeros(max_num_seqs, dtype=torch.int32, device=device)
+        self.block_table = torch.zeros(max_num_seqs, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.split_workspace = (torch.empty(split_workspace_numel, dtype=torch.float32, device=device)
+                                if split_workspace_numel else None)
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.seq_lens.shape[0]
+
+    def plan(self, *, query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
+             num_actual_tokens: int, max_query_len: int) -> AttentionBatch:
+        """Copy a step (tensors as for :func:`plan_batch`; padding requests have no
+        queries) into the buffers; the batch it returns views them."""
+        n = seq_lens.shape[0]
+        if n > self.max_num_seqs:
+            raise ValueError(f"a step of {n} requests does not fit buffers for {self.max_num_seqs} (max_num_seqs)")
+        width = min(block_table.shape[1], self.block_table.shape[1])
+        self.query_start_loc[: n + 1].copy_(query_start_loc[: n + 1], non_blocking=True)
+        self.seq_lens[:n].copy_(seq_lens, non_blocking=True)
+        self.block_table[:n, :width].copy_(block_table[:n, :width], non_blocking=True)
+        group = TokenGroup(
+            rows=slice(0, num_actual_tokens), cu_seqlens_q=self.query_start_loc[: n + 1],
+            seq_lens=self.seq_lens[:n], block_table=self.block_table[:n], max_seqlen_q=max_query_len,
+            max_seq_len=self.max_seq_len, num_reqs=n, split_workspace=self.split_workspace,
+        )
+        return AttentionBatch(num_actual_tokens=num_actual_tokens, fresh=None, cached=group)
+
+
 class _AccelAttention:
     """Shared state and the paged path; subclasses choose the kernel per request."""
 
@@ -249,7 +307,7 @@ class _AccelAttention:
         result = self._kernels.flash_attn_varlen_func(
             q, k, v, group.cu_seqlens_q, group.cu_seqlens_q, group.max_seqlen_q, group.max_seqlen_q,
             softmax_scale=self.scale, causal=True, window_size=self.window_size, softcap=self.softcap,
-            **({"out": out} if out is not None else {}),
+            plans=group.cpu_plans, **({"out": out} if out is not None else {}),
         )
         _put(output, rows, result, out)
 
@@ -260,7 +318,8 @@ class _AccelAttention:
         result = self._kernels.paged_attention(
             q, k_cache, v_cache, group.cu_seqlens_q, group.seq_lens, group.block_table,
             group.max_seqlen_q, group.max_seq_len, softmax_scale=self.scale, causal=True,
-            window_size=self.window_size, softcap=self.softcap, out=out,
+            window_size=self.window_size, softcap=self.softcap, out=out, plans=group.cpu_plans,
+            **({"workspace": group.split_workspace} if group.split_workspace is not None else {}),
         )
         _put(output, rows, result, out)
 

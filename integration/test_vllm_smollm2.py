@@ -9,8 +9,8 @@ per process): unset (vLLM's own ``CPU_ATTN``), ``flash`` and ``paged``. The toke
 must be identical, and the attention backend of every layer is read back from the
 worker (``attention_backends``) and from the backend's INFO line.
 
-What runs where: on CPU the accel backends run their kernels' pure-torch reference
-(``accel_plugin.kernels.reference``; the INFO line says so), not the Triton
+What runs where: on CPU the accel backends run their kernels' torch CPU path
+(``accel_plugin.kernels.cpu_attention``; the INFO line says so), not the Triton
 interpreter that the tiny-model tests use (conftest.py sets ``TRITON_INTERPRET=1``;
 it is removed for these subprocesses). The interpreter took 229 s for the short
 case's ``flash`` run alone on 2 CPU cores, too slow for CI. So this shows the vLLM
@@ -142,9 +142,10 @@ def assert_backends_read_back(runs):
             continue
         assert runs[label]["attention_backends"] == [label], (label, runs[label]["attention_backends"])
         line = re.search(rf"Using {label} attention backend \(accel-plugin\) in process \d+; "
-                         r"Triton kernels: (.*)", runs[label]["log"])
+                         r"kernels: (.*)", runs[label]["log"])
         assert line, f"{label}: no INFO line naming the backend:\n{runs[label]['log'][-3000:]}"
         assert "TRITON_INTERPRET=1" not in line.group(1), line.group(0)
+        assert "torch CPU path (SDPA, batched)" in line.group(1), line.group(0)
 
 
 def assert_same_tokens(runs, max_tokens):

@@ -7,8 +7,9 @@ tensors' device (see :func:`runtime_mode`):
 * CUDA tensors: compiled Triton kernels;
 * ``TRITON_INTERPRET=1`` set before this package is imported: the Triton
   interpreter (bf16 is upcast to fp32 inside the kernels there);
-* otherwise: the pure-torch :mod:`~accel_plugin.kernels.reference`, with a
-  one-time ``RuntimeWarning``.
+* otherwise: the batched torch CPU path, :mod:`~accel_plugin.kernels.cpu_attention`,
+  with a one-time ``RuntimeWarning``. :mod:`~accel_plugin.kernels.reference` is the
+  tests' clear, slow oracle.
 
 Documentation: docs/kernels.md.
 
@@ -35,6 +36,8 @@ _LAZY = {
     "flash_attn_varlen_func": "flash_attn",
     "write_kv_cache": "kv_cache",
     "paged_attention": "paged_attn",
+    "auto_num_splits": "paged_attn",
+    "split_workspace_numel": "paged_attn",
 }
 
 
@@ -57,11 +60,13 @@ __all__ = [
     "MIN_BLOCK_SIZE",
     "SUPPORTED_DTYPES",
     "SUPPORTED_HEAD_SIZES",
+    "auto_num_splits",
     "flash_attn_varlen_func",
     "paged_attention",
     "reference",
     "runtime_mode",
     "runtime_mode_reason",
+    "split_workspace_numel",
     "tolerance",
     "write_kv_cache",
 ]

@@ -1,7 +1,8 @@
-"""Where a kernel call runs: compiled Triton, the Triton interpreter, or the torch reference.
+"""Where a kernel call runs: compiled Triton, the Triton interpreter, or the torch CPU path.
 
 :func:`enter_kernel` is the one preamble every public kernel function runs: choose
-the mode, check the interpreter, validate, fall back to the reference.
+the mode, check the interpreter, validate, hand the call to the torch CPU path
+(:mod:`.cpu_attention`) where Triton cannot run.
 
 Triton decides at ``@triton.jit`` time (that is, when this package is imported)
 whether kernels are interpreted: ``TRITON_INTERPRET=1`` must be set before the
@@ -31,12 +32,13 @@ __all__ = [
     "kernels_interpreted",
     "runtime_mode",
     "runtime_mode_reason",
-    "warn_reference_fallback",
+    "warn_torch_fallback",
 ]
 
 COMPILED = "compiled"
 INTERPRETER = "interpreter"
-REFERENCE = "reference"
+#: the batched torch path of :mod:`.cpu_attention` (the name ``accel doctor`` shows)
+TORCH = "torch"
 
 
 @triton.jit
@@ -92,7 +94,7 @@ def check_interpreter() -> None:
         f"accel-plugin's kernels with numpy {numpy.__version__} ({detail}); install numpy<2.4 "
         f"(pip install 'numpy<2.4') or a triton whose interpreter supports this numpy "
         f"(docs/compatibility.md lists the tested pairs), or unset TRITON_INTERPRET to use the "
-        f"pure-torch reference on CPU"
+        f"torch CPU path"
     )
     raise InterpreterUnusable(_interpreter_checked)
 
@@ -118,11 +120,12 @@ def resolve_mode(device_type: str, interpreted: bool, cuda_available: bool) -> s
         return INTERPRETER
     if device_type == "cuda" and cuda_available:
         return COMPILED
-    return REFERENCE
+    return TORCH
 
 
 def runtime_mode(device: str | torch.device | None = None) -> str:
-    """What a kernel call on tensors of ``device`` runs: "compiled", "interpreter" or "reference".
+    """What a kernel call on tensors of ``device`` runs: "compiled", "interpreter" or "torch"
+    (the batched torch path of :mod:`.cpu_attention`).
 
     ``device=None`` means the default device: cuda if available, else cpu.
     """
@@ -138,22 +141,29 @@ def runtime_mode_reason(device: str | torch.device | None = None) -> str:
         return f"TRITON_INTERPRET=1: Triton interpreter on {where}"
     if mode == COMPILED:
         return f"CUDA device: compiled Triton kernels (triton {triton.__version__})"
+    path = _cpu_path_name()
     env_set = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "yes", "on")
     if env_set:
         return ("TRITON_INTERPRET was set after accel_plugin.kernels was imported: "
-                "pure-torch reference (set it before the import)")
+                f"{path} (set it before the import for the Triton interpreter)")
     if dev.type == "cuda":
-        return "CUDA requested but torch.cuda.is_available() is False: pure-torch reference"
+        return f"CUDA requested but torch.cuda.is_available() is False: {path}"
     if torch.cuda.is_available():
-        return f"{dev.type} tensors and TRITON_INTERPRET unset: pure-torch reference"
-    return "no CUDA device and TRITON_INTERPRET unset: pure-torch reference"
+        return f"{dev.type} tensors and TRITON_INTERPRET unset: {path}"
+    return f"no CUDA device and TRITON_INTERPRET unset: {path}"
+
+
+def _cpu_path_name() -> str:
+    from .cpu_attention import NAME
+
+    return NAME
 
 
 _warned = False
 
 
-def warn_reference_fallback(device: torch.device, stacklevel: int = 3) -> None:
-    """Warn once per process that calls fall back to the torch reference.
+def warn_torch_fallback(device: torch.device, stacklevel: int = 3) -> None:
+    """Warn once per process that calls run the torch CPU path, not Triton.
 
     ``stacklevel`` as for :func:`warnings.warn`, counted from this function: the
     default 3 points at the caller of the function that calls this one.
@@ -163,9 +173,9 @@ def warn_reference_fallback(device: torch.device, stacklevel: int = 3) -> None:
         return
     _warned = True
     warnings.warn(
-        f"accel_plugin.kernels: {runtime_mode_reason(device)}. Results are exact but slow; "
-        "use CUDA tensors, or set TRITON_INTERPRET=1 before the import to run the Triton "
-        "kernels in the interpreter.",
+        f"accel_plugin.kernels: {runtime_mode_reason(device)}. Results are exact; the Triton "
+        "kernels run on CUDA tensors, or in the interpreter with TRITON_INTERPRET=1 set before "
+        "the import.",
         RuntimeWarning,
         stacklevel=stacklevel,
     )
@@ -176,28 +186,28 @@ class KernelEntry(NamedTuple):
 
     mode: str
     params: Any  # what ``validate`` returned
-    ran_reference: bool  # the reference computed the call: return ``result``
+    ran_torch: bool  # the torch CPU path computed the call: return ``result``
     result: Any = None
 
 
 def enter_kernel(x: Any, validate: Callable[[bool], Any],
-                 reference: Callable[[Any], Any]) -> KernelEntry:
+                 torch_path: Callable[[Any], Any]) -> KernelEntry:
     """The preamble of every public kernel function (flash, paged, KV write).
 
     The mode comes from ``x``'s device (the call's first tensor; anything else counts as
     compiled, so validation names what is wrong). In the interpreter, the probe runs
     once per process: a clear error instead of an opaque one. ``validate(check_contents)``
     then checks the arguments, tensor contents too off the compiled path, and returns
-    the parameters. In reference mode it warns once and returns
-    ``reference(params)`` as the result, with ``ran_reference`` set.
+    the parameters. In torch mode it warns once and returns
+    ``torch_path(params)`` as the result, with ``ran_torch`` set.
     """
     mode = runtime_mode(x.device) if isinstance(x, torch.Tensor) else COMPILED
     if mode == INTERPRETER:
         check_interpreter()
     params = validate(mode != COMPILED)
-    if mode == REFERENCE:
+    if mode == TORCH:
         # 4: the warning points at the caller of the public kernel function, as it would
         # from that function itself.
-        warn_reference_fallback(x.device, stacklevel=4)
-        return KernelEntry(mode, params, True, reference(params))
+        warn_torch_fallback(x.device, stacklevel=4)
+        return KernelEntry(mode, params, True, torch_path(params))
     return KernelEntry(mode, params, False)

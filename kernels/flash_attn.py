@@ -25,8 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _common, _configs
-from . import reference as _reference
+from . import _common, _configs, cpu_attention
 from ._runtime import enter_kernel, kernels_interpreted
 from ._validation import SUPPORTED_DTYPES, check_flag, validate_varlen
 
@@ -149,7 +148,7 @@ def dot_precision(dtype: torch.dtype):
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                           return_lse=False, *, out=None):
+                           return_lse=False, *, out=None, plans=None):
     """Exact attention over packed variable-length sequences (flash-attn's varlen API).
 
     Args:
@@ -166,6 +165,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         softcap: > 0 applies s = softcap * tanh(s / softcap) to the scaled scores.
         return_lse: also return the log-sum-exp (natural log) fp32 [num_heads, total_q].
         out: optional preallocated output, the shape and dtype of q (keyword only).
+        plans: optional dict, one per step, in which the torch CPU path keeps the step's index
+            work for the step's other layers (keyword only; the Triton kernel ignores it). The
+            first call with a dict checks cu_seqlens' contents, later ones do not.
 
     Returns:
         out [total_q, num_heads, head_dim], dtype of q, or (out, lse) when return_lse.
@@ -176,11 +178,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         check_flag("causal", causal)
         check_flag("return_lse", return_lse)
         return validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                               window_size, softcap, out, SUPPORTED_DTYPES, check_contents=check_contents)
+                               window_size, softcap, out, SUPPORTED_DTYPES,
+                               check_contents=check_contents and not plans)
 
-    entry = enter_kernel(q, validate, lambda params: _reference.flash_attn_varlen_validated(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, params, causal, return_lse, out))
-    if entry.ran_reference:
+    entry = enter_kernel(q, validate, lambda params: cpu_attention.run_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, params, causal, return_lse, out, plans))
+    if entry.ran_torch:
         return entry.result
     params = entry.params
 

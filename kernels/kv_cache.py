@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from . import reference as _reference
+from . import cpu_attention
 from ._runtime import enter_kernel, kernels_interpreted
 from ._validation import SUPPORTED_DTYPES, validate_write_kv
 
@@ -58,8 +58,8 @@ def write_kv_cache(k, v, k_cache, v_cache, slot_mapping):
         k,
         lambda check_contents: validate_write_kv(k, v, k_cache, v_cache, slot_mapping, SUPPORTED_DTYPES,
                                                  check_contents=check_contents),
-        lambda params: _reference.write_kv_cache_validated(k, v, k_cache, v_cache, slot_mapping))
-    if entry.ran_reference:
+        lambda params: cpu_attention.write_kv_cache(k, v, k_cache, v_cache, slot_mapping))
+    if entry.ran_torch:
         return entry.result
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:

@@ -16,6 +16,11 @@ attention and FlashDecoding (Dao et al., 2023):
   merges the partial (output, log-sum-exp) pairs.
 * The grid over query tiles is sized from ``q.shape[0]`` and the batch without a
   host sync; each program finds its sequence by binary search in cu_seqlens_q.
+* CUDA graphs: every launch choice (grid, tile sizes, ``num_splits``) is a function
+  of shapes and of the ``max_seqlen_q`` / ``max_seq_len`` bounds the caller passes
+  (:func:`auto_num_splits`), never of tensor contents, and with a ``workspace`` the
+  split-K partials need no allocation: a step captured with fixed shapes and bounds
+  replays correctly whatever lengths and block tables its buffers hold then.
 
 Limits: no ALiBi, sinks or fp8 caches. Rows of q at or beyond cu_seqlens_q[-1]
 are never written.
@@ -27,9 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _common, _configs
-from . import reference as _reference
-from ._runtime import enter_kernel, kernels_interpreted
+from . import _common, _configs, cpu_attention
+from ._runtime import TORCH, enter_kernel, kernels_interpreted, runtime_mode
 from ._validation import SUPPORTED_DTYPES, check_flag, validate_paged
 from .flash_attn import dot_precision
 
@@ -202,9 +206,66 @@ def _merge_splits_kernel(Out, PartOut, PartLse, cu_seqlens_q,
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=h_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
 
 
+def _launch_shape(num_tokens: int, num_seqs: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                  dtype: torch.dtype, device: torch.device, max_seqlen_q: int, interpreted: bool):
+    """(config, block_q, block_m, num_tiles, padded head dim) of a launch: shapes and bounds only."""
+    group = num_heads // num_kv_heads
+    block_d = triton.next_power_of_2(head_dim)
+    cfg = _configs.paged_config(block_d, dtype, device, interpreted)
+    block_q = max(1, min(cfg.block_m // group, max_seqlen_q))
+    block_m = max(16, triton.next_power_of_2(block_q * group))
+    return cfg, block_q, block_m, num_tokens // block_q + num_seqs, block_d
+
+
+def auto_num_splits(num_tokens: int, num_seqs: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                    dtype: torch.dtype, device: torch.device, max_seqlen_q: int, max_seq_len: int) -> int:
+    """The split-K count ``num_splits=0`` chooses for ``q`` ``[num_tokens, num_heads, head_dim]``
+    and ``num_seqs`` sequences: a function of the shapes and of the bounds ``max_seqlen_q``
+    and ``max_seq_len`` only. For a CUDA graph pass the padded batch and the model's
+    maximum length as the bound: the split is then the same at capture and at every replay.
+    """
+    if runtime_mode(device) == TORCH:
+        return 1  # the torch CPU path computes the call: nothing to split
+    interpreted = kernels_interpreted()
+    cfg, block_q, _, num_tiles, _ = _launch_shape(num_tokens, num_seqs, num_heads, num_kv_heads, head_dim,
+                                                  dtype, device, max_seqlen_q, interpreted)
+    busy_tiles = min(num_tiles, num_seqs * triton.cdiv(max_seqlen_q, block_q))
+    return _configs.choose_num_splits(busy_tiles * num_kv_heads, max_seq_len, cfg.tile_n,
+                                      _configs.num_sms(device, interpreted))
+
+
+def split_workspace_numel(num_tokens: int, num_heads: int, head_dim: int, num_splits: int) -> int:
+    """float32 elements a ``workspace`` needs for ``num_splits`` split-K partials
+    (output and log-sum-exp per token, head and split); 0 without splitting."""
+    return 0 if num_splits <= 1 else num_tokens * num_heads * num_splits * (head_dim + 1)
+
+
+def _split_buffers(workspace, num_tokens: int, num_heads: int, head_dim: int, num_splits: int, device):
+    """(part_out, part_lse): views of ``workspace`` when given, else fresh tensors."""
+    if workspace is None:
+        return (torch.empty(num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=device),
+                torch.empty(num_tokens, num_heads, num_splits, dtype=torch.float32, device=device))
+    n_out = num_tokens * num_heads * num_splits * head_dim
+    part_out = workspace[:n_out].view(num_tokens, num_heads, num_splits, head_dim)
+    part_lse = workspace[n_out:n_out + num_tokens * num_heads * num_splits].view(num_tokens, num_heads, num_splits)
+    return part_out, part_lse
+
+
+def _check_workspace(workspace, q) -> None:
+    if workspace is None:
+        return
+    ok = (isinstance(workspace, torch.Tensor) and workspace.dim() == 1 and workspace.dtype == torch.float32
+          and workspace.is_contiguous() and workspace.device == q.device)
+    if not ok:
+        got = (f"{workspace.dtype} {tuple(workspace.shape)} on {workspace.device}"
+               if isinstance(workspace, torch.Tensor) else type(workspace).__name__)
+        raise ValueError(f"workspace must be a contiguous 1-D torch.float32 tensor on q's device ({q.device}), "
+                         f"sized with split_workspace_numel; got {got}")
+
+
 def paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, max_seqlen_q, max_seq_len,
                     softmax_scale=None, causal=True, window_size=(-1, -1), softcap=0.0, num_splits=0,
-                    out=None):
+                    out=None, workspace=None, *, plans=None):
     """Attention of packed queries over a paged KV cache.
 
     Args:
@@ -218,21 +279,29 @@ def paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, ma
             are never read. Row stride may be anything, last dim contiguous.
         max_seqlen_q, max_seq_len: int, at least max(q_len) and max(seq_lens).
         softmax_scale, causal, window_size, softcap: as in flash_attn_varlen_func.
-        num_splits: split-K pieces per sequence; 0 = automatic (fills the GPU), 1 = off.
+        num_splits: split-K pieces per sequence; 0 = automatic (fills the GPU; from the shapes
+            and the bounds max_seqlen_q, max_seq_len only: :func:`auto_num_splits`), 1 = off.
         out: optional preallocated output, the shape and dtype of q (may be a view).
+        workspace: optional 1-D float32 tensor on q's device holding the split-K partials
+            instead of allocating them (CUDA graphs). The automatic choice splits no more
+            than it holds; an explicit num_splits that does not fit raises ValueError.
+        plans: optional dict, one per step, in which the torch CPU path keeps the step's index
+            work for the step's other layers (keyword only; the Triton kernels ignore it). The
+            first call with a dict checks the index tensors' contents, later ones do not.
 
     Returns:
         out [total_q, num_heads, head_dim] (the ``out`` passed in, if any).
     """
     def validate(check_contents):
         check_flag("causal", causal)
+        _check_workspace(workspace, q)
         return validate_paged(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, max_seqlen_q,
                               max_seq_len, softmax_scale, window_size, softcap, num_splits, out,
-                              SUPPORTED_DTYPES, check_contents=check_contents)
+                              SUPPORTED_DTYPES, check_contents=check_contents and not plans)
 
-    entry = enter_kernel(q, validate, lambda params: _reference.paged_attention_validated(
-        q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, params, causal, out))
-    if entry.ran_reference:
+    entry = enter_kernel(q, validate, lambda params: cpu_attention.run_paged(
+        q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, params, causal, out, plans))
+    if entry.ran_torch:
         return entry.result
     params = entry.params
     if out is None:
@@ -245,19 +314,20 @@ def paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, ma
     interpreted = kernels_interpreted()
     num_heads, head_dim = q.shape[1], q.shape[2]
     group = num_heads // k_cache.shape[2]
-    block_d = triton.next_power_of_2(head_dim)
-    cfg = _configs.paged_config(block_d, q.dtype, q.device, interpreted)
-    block_q = max(1, min(cfg.block_m // group, max_seqlen_q))
-    block_m = max(16, triton.next_power_of_2(block_q * group))
-    num_tiles = q.shape[0] // block_q + num_seqs
+    cfg, block_q, block_m, num_tiles, block_d = _launch_shape(q.shape[0], num_seqs, num_heads, k_cache.shape[2],
+                                                              head_dim, q.dtype, q.device, max_seqlen_q, interpreted)
+    per_split = q.shape[0] * num_heads * (head_dim + 1)  # workspace values per split
     if num_splits == 0:
-        busy_tiles = min(num_tiles, num_seqs * triton.cdiv(max_seqlen_q, block_q))
-        num_splits = _configs.choose_num_splits(busy_tiles * k_cache.shape[2], max_seq_len, cfg.tile_n,
-                                                _configs.num_sms(q.device, interpreted))
+        num_splits = auto_num_splits(q.shape[0], num_seqs, num_heads, k_cache.shape[2], head_dim, q.dtype,
+                                     q.device, max_seqlen_q, max_seq_len)
+        if workspace is not None:  # as many splits as the workspace holds (shapes only: graph-safe)
+            num_splits = max(1, min(num_splits, workspace.numel() // per_split))
+    elif workspace is not None and num_splits > 1 and workspace.numel() < num_splits * per_split:
+        raise ValueError(f"workspace holds {workspace.numel()} float32 values; num_splits={num_splits} needs "
+                         f"{num_splits * per_split} (split_workspace_numel)")
     split = num_splits > 1
     if split:
-        part_out = torch.empty(q.shape[0], num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(q.shape[0], num_heads, num_splits, dtype=torch.float32, device=q.device)
+        part_out, part_lse = _split_buffers(workspace, q.shape[0], num_heads, head_dim, num_splits, q.device)
     else:
         part_out = part_lse = out  # unused pointers when SPLIT is off
     window_right = 0 if causal else params.window_right

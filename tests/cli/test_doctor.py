@@ -37,7 +37,7 @@ def test_doctor_json_with_backend_set():
     report = json.loads(proc.stdout)
     assert report["selection"]["backend"] == "ACCEL_PAGED"
     assert report["env"]["ACCEL_ATTENTION_BACKEND"] == {"raw": "paged", "value": "paged"}
-    assert report["kernels"]["mode"] in ("compiled", "interpreter", "reference")
+    assert report["kernels"]["mode"] in ("compiled", "interpreter", "torch")
     assert {b["name"] for b in report["backends"]} >= {"ACCEL_FLASH", "ACCEL_PAGED"}
 
 
@@ -61,11 +61,13 @@ def test_doctor_lists_third_party_backend(third_party_plugin):
     assert "refused: device 'cpu' not supported (supported: cuda)" in proc.stdout
 
 
-@pytest.mark.parametrize("interpret,expected", [("1", "interpreter"), ("0", "reference")])
+@pytest.mark.parametrize("interpret,expected", [("1", "interpreter"), ("0", "torch")])
 def test_doctor_kernel_mode_follows_triton_interpret(interpret, expected):
     proc = run_doctor("--json", env_overrides={"TRITON_INTERPRET": interpret})
     report = json.loads(proc.stdout)
     assert report["kernels"]["mode"] == expected, report["kernels"]
+    if expected == "torch":  # the CPU path is named by what it is
+        assert report["kernels"]["reason"].endswith("torch CPU path (SDPA, batched)"), report["kernels"]
 
 
 def test_doctor_lists_the_domain_proposer():

@@ -1,4 +1,4 @@
-"""Dispatch: compiled / interpreter / reference, the reasons given, and the one-time warning."""
+"""Dispatch: compiled / interpreter / torch CPU path, the reasons given, and the one-time warning."""
 
 import os
 import subprocess
@@ -27,9 +27,9 @@ def test_public_api():
     ("cpu", True, False, "interpreter"),
     ("cuda", True, True, "interpreter"),
     ("cuda", False, True, "compiled"),
-    ("cpu", False, True, "reference"),
-    ("cpu", False, False, "reference"),
-    ("cuda", False, False, "reference"),
+    ("cpu", False, True, "torch"),
+    ("cpu", False, False, "torch"),
+    ("cuda", False, False, "torch"),
 ])
 def test_resolve_mode(device_type, interpreted, cuda, expected):
     assert _runtime.resolve_mode(device_type, interpreted, cuda) == expected
@@ -45,7 +45,7 @@ def test_mode_in_this_suite():
 
 
 def test_reference_fallback_warns_once(monkeypatch):
-    monkeypatch.setattr(_runtime, "runtime_mode", lambda device: "reference")
+    monkeypatch.setattr(_runtime, "runtime_mode", lambda device: "torch")
     monkeypatch.setattr(_runtime, "_warned", False)
     q = torch.randn(5, 2, 32)
     cu = torch.tensor([0, 5], dtype=torch.int32)
@@ -56,7 +56,7 @@ def test_reference_fallback_warns_once(monkeypatch):
     assert [w.category for w in caught] == [RuntimeWarning]
     assert caught[0].filename == __file__  # points at the caller of the kernel function
     assert str(caught[0].message).startswith("accel_plugin.kernels: ")
-    assert "Results are exact but slow" in str(caught[0].message)
+    assert "Results are exact" in str(caught[0].message)
     torch.testing.assert_close(out, reference.flash_attn_varlen_func(q, q, q, cu, cu, 5, 5, causal=True))
 
 
@@ -68,7 +68,7 @@ def run_python(code, **env_changes):
 
 
 def test_import_without_interpreter_on_cpu():
-    """No driver access at import; CPU calls fall back to the reference with one warning."""
+    """No driver access at import; CPU calls run the torch CPU path with one warning."""
     if torch.cuda.is_available():
         pytest.skip("checks the no-GPU fallback")
     result = run_python("""
@@ -87,15 +87,15 @@ def test_import_without_interpreter_on_cpu():
     """)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == "reference | no CUDA device and TRITON_INTERPRET unset: pure-torch reference"
+    assert lines[0] == "torch | no CUDA device and TRITON_INTERPRET unset: torch CPU path (SDPA, batched)"
     assert lines[1] == "1 torch.Size([3, 2, 32])"
-    assert lines[2].startswith("reference | TRITON_INTERPRET was set after accel_plugin.kernels was imported")
+    assert lines[2].startswith("torch | TRITON_INTERPRET was set after accel_plugin.kernels was imported")
 
 
-def test_reference_fallback_of_paged_and_kv_write_validates_once_and_matches(monkeypatch):
-    """The fallback validates at the kernel's entry (contents included) and then runs the
-    reference's computation without validating again."""
-    monkeypatch.setattr(_runtime, "runtime_mode", lambda device: "reference")
+def test_torch_path_of_paged_and_kv_write_validates_once_and_matches(monkeypatch):
+    """The torch path validates at the kernel's entry (contents included) and never calls
+    the reference's validation."""
+    monkeypatch.setattr(_runtime, "runtime_mode", lambda device: "torch")
     calls = []
     for name in ("validate_paged", "validate_write_kv"):
         original = getattr(_validation, name)
