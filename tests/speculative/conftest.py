@@ -1,10 +1,12 @@
-"""Fixtures of the speculative tests: tiny models (built once per session) and configs."""
+"""Fixtures of the speculative tests: tiny models (built once per session), the target
+and its tokenizer loaded with transformers, and configs."""
 
 from __future__ import annotations
 
 import textwrap
 
 import pytest
+import torch
 
 
 @pytest.fixture(scope="session")
@@ -41,3 +43,17 @@ def make_config(tmp_path):
         return load_draft_config(path)
 
     return make
+
+
+@pytest.fixture(scope="module")
+def target(target_dir):
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(target_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(target_dir)

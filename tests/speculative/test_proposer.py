@@ -39,20 +39,6 @@ Request, Trace, serve = _verifier.Request, _verifier.Trace, _verifier.serve
 check_proposer, assert_lossless, plain_greedy = _verifier.check_proposer, _verifier.assert_lossless, _verifier.plain_greedy
 
 
-@pytest.fixture(scope="module")
-def target(target_dir):
-    from transformers import LlamaForCausalLM
-
-    return LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(target_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(target_dir)
-
-
 @pytest.fixture
 def proposer_for(make_config, tokenizer):
     def make(yaml_text: str, cls: type[DomainProposer] = DomainProposer, **kw) -> DomainProposer:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from accel_plugin.speculative import DomainProposer
 from accel_plugin.speculative.request_states import KEY_TOKENS
@@ -28,20 +27,6 @@ def _verifier():
 
 
 V = _verifier()
-
-
-@pytest.fixture(scope="module")
-def target(target_dir):
-    from transformers import LlamaForCausalLM
-
-    return LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(target_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(target_dir)
 
 
 @pytest.fixture
