@@ -31,13 +31,20 @@ Per domain and bucket the controller decides on or off and k:
 - **Probing.** An off domain drafts ``probe_k`` tokens for one of its requests
   once every ``probe_interval`` of its steps. A domain whose draft model failed
   is off for good (state ``failed``).
+
+Per step, the step model (:func:`.step_gate.plan_step`, given every row's domain)
+drops domains whose drafting costs the step more than its rows gain; the measured
+step gate (:class:`.step_gate.StepGate`) wins over all: at a bucket it switched off,
+no row drafts but its probes. Calibration steps come every other step until a
+bucket has ``gate_min_samples`` samples, every 8th until ``gate_window``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .acceptance import AcceptanceWindow
@@ -45,6 +52,7 @@ from .costs import MIN_PAIRS, StepCosts, batch_bucket, nearest
 from .domain_stats import DomainState, DomainStats
 from .draft_config.schema import ControllerConfig
 from .speedup import best_k, expected_speedup, expected_tokens
+from .step_gate import GateState, StepGate, plan_step
 
 __all__ = [
     "DomainController",
@@ -60,6 +68,10 @@ _EARLY_CALIBRATION = 2
 _WARMUP_WAIT = 32
 #: a new k must predict more than this much (relative) above the current k
 _K_MARGIN = 0.01
+#: calibration interval (at most) while a bucket's gate has fewer than gate_window samples
+_GATE_CALIBRATION = 8
+#: timed cycles of a bucket after which the gate's early calibration stops (rows never pair)
+_GATE_EARLY_CYCLES = (64, 512)
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -110,6 +122,10 @@ class DomainController:
         self._domains = {name: _Domain(name, draft, k_max[name], cfg) for name, draft in drafts.items()}
         self._bucket = 1  #: bucket of the current step
         self.calibrating = False  #: the current step drafts nothing, to time a plain step
+        self.gate = StepGate(cfg)
+        self.gated = False  #: the step gate keeps the current step from drafting
+        self._plan: dict[str, int] | None = None  #: the step model's k per domain, this step
+        self.predicted: float | None = None  #: the step model's S_step for this step
 
     # ---------------------------------------------------------------- measurement
 
@@ -131,6 +147,21 @@ class DomainController:
         ``drafted_tokens`` drafts in all (0: plain) in ``seconds`` (``None``: not
         comparable, e.g. it ran a prefill)."""
         self.costs.record_step(seconds, rows, drafted_tokens)
+
+    def record_cycle(self, seconds: float | None, rows: int, tokens: int, drafted: int) -> None:
+        """The cycle since the last call's start (its drafting, the target step, host work)
+        decoded ``rows`` requests into ``tokens`` tokens and verified ``drafted`` drafts
+        (``None`` seconds: not comparable)."""
+        self.gate.record_cycle(seconds, rows, batch_bucket(rows), tokens, drafted)
+
+    def record_call(self, rows: int, seconds: float, draft_seconds: float, drafted: int) -> None:
+        """This call, for ``rows`` requests, took ``seconds``, ``draft_seconds`` in draft models."""
+        if rows > 0:
+            self.gate.record_call(batch_bucket(rows), seconds, draft_seconds, drafted)
+
+    @property
+    def _gating(self) -> bool:
+        return self.cfg.step_gate and self.cfg.adaptive
 
     def _bucket_of(self, rows: int | None) -> int:
         return self._bucket if rows is None else batch_bucket(rows)
@@ -167,18 +198,53 @@ class DomainController:
         d.drafted += k
         d.accepted += accepted
 
-    def step(self, rows: int = 1, domains: Iterable[str] | None = None) -> None:
+    def step(self, rows: int = 1, domains: Iterable[str] | None = None,
+             row_domains: Sequence[str] | None = None) -> None:
         """Start a framework step of ``rows`` requests of ``domains`` (default: all):
-        re-decide every domain at this batch bucket; maybe make it a calibration step.
-        A step without requests decides nothing."""
-        self.calibrating = False
+        re-decide every domain at this batch bucket; ask the step gate; maybe make it
+        a calibration step. ``row_domains`` (the domain of every row) lets the step
+        model plan the step. A step without requests decides nothing."""
+        self.calibrating = self.gated = False
+        self._plan = self.predicted = None
         if rows <= 0:
             return
         self._bucket = b = batch_bucket(rows)
         for d in self._domains.values():
             self._decide(d, b)
-        names = self._domains if domains is None else domains
-        self.calibrating = self._calibration_due(b) and any(self._state(self._domains[n], b)[1] for n in names)
+        names = set(row_domains) if row_domains is not None else self._domains if domains is None else domains
+        verdict = self.gate.begin(b) if self._gating else GateState.WARMUP
+        if verdict == GateState.OFF:
+            self.gated = True
+            return
+        probe = verdict == "probe"
+        self.calibrating = (not probe and self._calibration_due(b)
+                            and any(self._state(self._domains[n], b)[1] for n in names))
+        if row_domains is not None and not self.calibrating and self.cfg.adaptive:
+            self._plan_step(b, Counter(row_domains), probe)
+
+    def _plan_step(self, bucket: int, counts: Counter, probe: bool) -> None:
+        """The step model's plan; none while a domain of the step is warming up."""
+        ks, alphas, costs = {}, {}, {}
+        for name in counts:
+            d = self._domains[name]
+            state, k = self._state(d, bucket)
+            if not k or d.fixed is not None:
+                continue
+            alpha, c = d.window.alpha, self.cost_ratio(name)
+            if state == DomainState.WARMUP or alpha is None or c is None:
+                return
+            ks[name], alphas[name], costs[name] = k, alpha, c
+        if not ks:
+            return
+        host = self.gate.host_fraction(bucket, self.costs.target_step_s(bucket))
+        plan, s = plan_step(sum(counts.values()), ks, counts, alphas, costs, {n: self._draft_of(n) for n in ks},
+                            lambda per_row: self.costs.verify_overhead(per_row, bucket), host,
+                            {n: self._domains[n].k_max for n in ks})
+        if s < self.cfg.min_speedup and not probe:
+            plan = {n: 0 for n in ks}
+        else:
+            self.gate.record_prediction(bucket, s)
+        self._plan, self.predicted = plan, s
 
     def _calibration_due(self, bucket: int) -> bool:
         interval = self.cfg.calibration_interval
@@ -186,6 +252,12 @@ class DomainController:
             return False
         if self.costs.overhead_samples(bucket) < MIN_PAIRS:
             interval = min(interval, _EARLY_CALIBRATION)
+        elif self._gating and 0 < (cycles := self.gate.timed_cycles(bucket)) < _GATE_EARLY_CYCLES[1]:
+            samples = self.gate.samples(bucket)
+            if samples < self.cfg.gate_min_samples and cycles < _GATE_EARLY_CYCLES[0]:
+                interval = min(interval, _EARLY_CALIBRATION)
+            elif samples < self.cfg.gate_window:
+                interval = min(interval, _GATE_CALIBRATION)
         return self.costs.steps_since_plain(bucket) >= interval - 1
 
     def _overhead_known(self, d: _Domain) -> bool:
@@ -236,13 +308,13 @@ class DomainController:
 
     def k_for(self, domain: str) -> int:
         """Tokens to draft this step for a request of ``domain`` (probes included; 0 in a
-        calibration step).
+        calibration step or when the step gate is off; the step model's k if it planned).
 
         An off domain's probe goes to the first of its requests asked for in a step;
         the others draft nothing. Call :meth:`end_step` once per framework step after
         the last ``k_for``.
         """
-        if self.calibrating:
+        if self.calibrating or self.gated:
             return 0
         d = self._domains[domain]
         state, k = self._state(d, self._bucket)
@@ -251,14 +323,14 @@ class DomainController:
                 return 0
             d.probed = True
             return min(self.cfg.probe_k, d.k_max)
-        return k
+        return k if self._plan is None else self._plan.get(domain, k)
 
     def end_step(self, domains_seen: set[str]) -> None:
         """Count a step of every off domain that had requests (towards its next probe);
-        a calibration step does not count."""
+        a calibration step or one the gate kept from drafting does not count."""
         for d in self._domains.values():
             d.probed = False
-        if self.calibrating:
+        if self.calibrating or self.gated:
             return
         for name in domains_seen:
             d = self._domains[name]
@@ -305,8 +377,12 @@ class DomainController:
         speedup = None if alpha is None or c is None else expected_speedup(alpha, k, c, v)
         return {"state": state, "k": k, "c": c, "v": v, "expected_speedup": speedup}
 
+    def step_stats(self) -> dict[int, dict]:
+        """Per batch bucket: the step gate and the step model (:meth:`.StepGate.stats`)."""
+        return self.gate.stats()
+
     def summary(self) -> str:
-        """One line per domain, for the periodic log."""
+        """One part per domain, then one per batch bucket of the step gate, for the periodic log."""
         parts = []
         for s in self.stats().values():
             alpha = "n/a" if s.alpha is None else f"{s.alpha:.2f}"
@@ -320,4 +396,4 @@ class DomainController:
                 f"{s.domain}: state={s.state} k={s.k}/{s.k_max} batch<={s.bucket} drafted={s.drafted} "
                 f"accepted={s.accepted} alpha={alpha} c={c} v={v} S={sp}{per_batch}"
             )
-        return "; ".join(parts)
+        return "; ".join(parts + self.gate.summary())

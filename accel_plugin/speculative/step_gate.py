@@ -1,0 +1,303 @@
+"""The step's verdict: measured whole cycles per batch bucket, and the step model.
+
+**Cycles.** A cycle runs from the start of one ``propose`` call to the start of the
+next: that call's drafting and host work, the framework's target step that
+verifies its drafts, and the framework's own host work. It emitted the tokens the
+next call receives (the sum of ``len(sampled_token_ids[i])``). A cycle is a
+*drafting* one when its call proposed any draft, else *plain*; cycles after a
+prefill or an idle engine are not timed (and break the pairing).
+
+**Samples.** At each batch bucket (:func:`.costs.batch_bucket`) a drafting cycle is
+paired with the nearest plain cycle of the same number of rows at most
+:data:`ADJACENT` timed cycles away (calibration steps and the controller's own
+plain steps make them): one sample of the measured step speedup, ``(tokens/s of the
+drafting cycle) / (tokens/s of the plain one)``. Same rows, so that both cycles did
+the same work but for drafting; moments apart, so that a slow spell of a shared
+machine slows both.
+
+**Gate.** Per bucket: ``warmup`` until ``gate_min_samples`` samples, then ``on`` or
+``off`` by the median of the last ``gate_window``: on goes off below
+``min_speedup``, off goes on at ``min_speedup * (1 + hysteresis)``, either after
+``gate_switch_after`` consecutive samples that ask for it (a switch keeps only the
+last ``gate_min_samples`` samples, so the next verdict reads the new regime). At an
+off bucket no row drafts, except a probe every ``gate_probe_interval`` steps: two
+drafting steps, the first to let the drafts catch up on the plain steps' tokens
+(not paired), the second measured against its plain neighbours.
+
+**Step model.** :func:`plan_step` predicts the speedup of drafting a step, over all
+its rows and every draft model that runs in it::
+
+    S_step = (sum over rows of E(a_row, k_row)) / rows
+             / (1 + v(drafts per row) + sum over drafts run of k_d c_d + h)
+
+``E`` is :func:`.speedup.expected_tokens` (1 for a row that drafts nothing), ``k_d``
+the most tokens draft ``d`` drafts for a row (its forwards), ``c_d`` its cost ratio
+at this bucket, ``h`` the host time of a drafting ``propose`` call beyond its draft
+forwards and beyond a plain call's, in plain target steps. It keeps the subset of
+domains (and their k) with the largest ``S_step``; none when that is below
+``min_speedup``. Host work per step is O(domains in the step), not O(context).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from itertools import combinations
+
+from .costs import median, nearest
+from .draft_config.schema import ControllerConfig
+from .speedup import expected_tokens
+
+__all__ = ["ADJACENT", "GateState", "StepGate", "plan_step", "step_speedup"]
+
+#: a drafting and a plain cycle pair when at most this many timed cycles apart
+ADJACENT = 3
+#: domains in one step up to which every subset is tried (beyond: greedy drop)
+_ENUMERATE = 4
+#: times kept per bucket for the readings (cycle_ms, draft_ms ...)
+_KEPT = 64
+
+
+class GateState:
+    """The step gate's verdict at a batch bucket."""
+
+    WARMUP = "warmup"  #: fewer than gate_min_samples samples: the per-domain decisions alone
+    ON = "on"  #: drafting pays by the measured cycles
+    OFF = "off"  #: no row drafts, except probes
+
+
+@dataclass
+class _Bucket:
+    state: str = GateState.WARMUP
+    pending: int = 0
+    steps: int = 0  #: steps begun at this bucket
+    cycles: int = 0  #: timed cycles at this bucket
+    off_steps: int = 0  #: steps since going off or since the last probe
+    probe_left: int = 0  #: probe steps still to run (2: catch-up next, 1: measured next)
+    samples: deque = field(default_factory=deque)
+    total_samples: int = 0
+    last: dict = field(default_factory=dict)  #: drafting?: (tokens/s, rows, cycle index)
+    plain_cycles: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
+    draft_cycles: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
+    draft_s: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
+    host_s: deque = field(default_factory=lambda: deque(maxlen=_KEPT))  #: drafting calls, beyond drafts
+    plain_host_s: deque = field(default_factory=lambda: deque(maxlen=_KEPT))  #: plain calls
+    predicted: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
+
+
+class StepGate:
+    """Per batch bucket: cycle samples, the gate's state, the readings.
+
+    Per ``propose`` call: :meth:`record_cycle` (the cycle that ended now),
+    :meth:`begin` (this step's verdict), :meth:`record_call` (this call's host and
+    draft time) and, for a drafting step, :meth:`record_prediction`.
+    """
+
+    def __init__(self, cfg: ControllerConfig):
+        self.cfg = cfg
+        self._buckets: dict[int, _Bucket] = {}
+        self._index = 0  #: timed cycles so far
+        self._current: tuple[int, bool] | None = None  #: (bucket, catch-up probe) of the step running now
+
+    def _at(self, bucket: int) -> _Bucket:
+        if bucket not in self._buckets:
+            self._buckets[bucket] = _Bucket(samples=deque(maxlen=self.cfg.gate_window))
+        return self._buckets[bucket]
+
+    # ------------------------------------------------------------------ recording
+
+    def record_cycle(self, seconds: float | None, rows: int, bucket: int, tokens: int, drafted: int) -> None:
+        """The cycle that ended now: ``seconds`` (None: not comparable), ``rows`` that
+        decoded, at ``bucket``, ``tokens`` emitted, ``drafted`` draft tokens verified."""
+        current, self._current = self._current, None
+        if seconds is None or seconds <= 0 or rows <= 0 or tokens <= 0:
+            for b in self._buckets.values():
+                b.last.clear()
+            return
+        self._index += 1
+        at = self._at(bucket)
+        at.cycles += 1
+        drafting = drafted > 0
+        (at.draft_cycles if drafting else at.plain_cycles).append(seconds)
+        if drafting and current is not None and current == (bucket, True):
+            return  # a probe's catch-up step: the drafts ran the plain steps' tokens too
+        rate = tokens / seconds
+        at.last[drafting] = (rate, rows, self._index)
+        other = at.last.get(not drafting)
+        if other is None or other[1] != rows or self._index - other[2] > ADJACENT:
+            return
+        self._add_sample(at, rate / other[0] if drafting else other[0] / rate)
+
+    def record_call(self, bucket: int, seconds: float, draft_seconds: float, drafted: int) -> None:
+        """This ``propose`` call took ``seconds``, ``draft_seconds`` of them in draft models."""
+        at = self._at(bucket)
+        if drafted:
+            at.draft_s.append(draft_seconds)
+            at.host_s.append(max(0.0, seconds - draft_seconds))
+        else:
+            at.plain_host_s.append(seconds)
+
+    def record_prediction(self, bucket: int, speedup: float) -> None:
+        self._at(bucket).predicted.append(speedup)
+
+    def _add_sample(self, at: _Bucket, sample: float) -> None:
+        cfg = self.cfg
+        at.samples.append(sample)
+        at.total_samples += 1
+        if len(at.samples) < cfg.gate_min_samples:
+            return
+        m = median(at.samples)
+        if at.state == GateState.WARMUP:
+            at.state = GateState.ON if m >= cfg.min_speedup else GateState.OFF
+            at.off_steps = 0
+            return
+        is_on = at.state == GateState.ON
+        want_on = m >= cfg.min_speedup * (1.0 if is_on else 1.0 + cfg.hysteresis)
+        if want_on == is_on:
+            at.pending = 0
+            return
+        at.pending += 1
+        if at.pending >= cfg.gate_switch_after:
+            at.state, at.pending, at.off_steps = (GateState.ON if want_on else GateState.OFF), 0, 0
+            for _ in range(len(at.samples) - cfg.gate_min_samples):
+                at.samples.popleft()
+
+    # ------------------------------------------------------------------ deciding
+
+    def begin(self, bucket: int) -> str:
+        """This step's verdict at ``bucket``: ``on``/``warmup`` (draft as planned),
+        ``off`` (no row drafts) or ``probe`` (draft, to re-measure)."""
+        at = self._at(bucket)
+        at.steps += 1
+        self._current = (bucket, False)
+        if at.state != GateState.OFF:
+            at.probe_left = 0
+            return at.state
+        if at.probe_left:
+            at.probe_left -= 1
+            return "probe"
+        at.off_steps += 1
+        if at.off_steps >= self.cfg.gate_probe_interval:
+            at.off_steps, at.probe_left = 0, 1
+            self._current = (bucket, True)
+            return "probe"
+        return GateState.OFF
+
+    def state(self, bucket: int) -> str:
+        at = self._buckets.get(bucket)
+        return GateState.WARMUP if at is None else at.state
+
+    def samples(self, bucket: int) -> int:
+        """Samples of the measured step speedup at ``bucket`` so far (all, not only the window)."""
+        at = self._buckets.get(bucket)
+        return 0 if at is None else at.total_samples
+
+    def timed_cycles(self, bucket: int) -> int:
+        at = self._buckets.get(bucket)
+        return 0 if at is None else at.cycles
+
+    def host_fraction(self, bucket: int, plain_step_s: float | None) -> float:
+        """h: a drafting call's host time beyond its drafts and beyond a plain call's,
+        over ``plain_step_s`` (0 while unknown); the nearest bucket with it measured."""
+        near = nearest((b for b, at in self._buckets.items() if at.host_s), bucket)
+        if near is None or not plain_step_s:
+            return 0.0
+        at = self._buckets[near]
+        base = median(at.plain_host_s) or 0.0
+        return max(0.0, median(at.host_s) - base) / plain_step_s
+
+    # ------------------------------------------------------------------- reading
+
+    def stats(self) -> dict[int, dict]:
+        """Per bucket: the keys of :meth:`.DomainProposer.step_stats` (times in ms)."""
+        def ms(values: Iterable[float]) -> float | None:
+            m = median(values)
+            return None if m is None else m * 1e3
+
+        return {
+            b: {
+                "gate": at.state,
+                "predicted_speedup": median(at.predicted),
+                "measured_speedup": median(at.samples),
+                "samples": at.total_samples,
+                "plain_step_ms": ms(at.plain_cycles),
+                "cycle_ms": ms(at.draft_cycles),
+                "draft_ms": ms(at.draft_s),
+                "host_ms": ms(at.host_s),
+                "steps": at.steps,
+            }
+            for b, at in sorted(self._buckets.items())
+        }
+
+    def summary(self) -> list[str]:
+        """One part per bucket, for the periodic log."""
+        def x(value: float | None) -> str:
+            return "n/a" if value is None else f"{value:.2f}x"
+
+        return [f"batch<={b}: gate={g['gate']} predicted={x(g['predicted_speedup'])} "
+                f"measured={x(g['measured_speedup'])} samples={g['samples']}" for b, g in self.stats().items()]
+
+
+
+# ---------------------------------------------------------------- step model
+
+def step_speedup(rows: int, plan: dict[str, int], counts: dict[str, int], alphas: dict[str, float],
+                 costs: dict[str, float], draft_of: dict[str, str], verify: Callable[[float], float],
+                 host: float) -> float:
+    """``S_step`` (module docstring) of drafting ``plan[d]`` tokens for the ``counts[d]``
+    rows of each domain ``d`` (the other rows of the ``rows`` draft nothing);
+    ``costs`` holds c per domain, ``verify(drafts per row)`` gives v."""
+    drafted = sum(counts[d] * k for d, k in plan.items() if k)
+    if not drafted:
+        return 1.0
+    tokens = rows - sum(counts[d] for d, k in plan.items() if k)
+    forwards: dict[str, tuple[int, float]] = {}
+    for d, k in plan.items():
+        if k:
+            tokens += counts[d] * expected_tokens(alphas[d], k)
+            k_run, c_run = forwards.get(draft_of[d], (0, 0.0))  # a draft shared by domains runs once
+            forwards[draft_of[d]] = (max(k_run, k), max(c_run, costs[d]))
+    cost = 1.0 + verify(drafted / rows) + sum(k * c for k, c in forwards.values()) + host
+    return tokens / rows / cost
+
+
+def plan_step(rows: int, ks: dict[str, int], counts: dict[str, int], alphas: dict[str, float],
+              costs: dict[str, float], draft_of: dict[str, str], verify: Callable[[float], float],
+              host: float, k_max: dict[str, int]) -> tuple[dict[str, int], float]:
+    """The plan (domain -> k, 0 = dropped) among the domains of ``ks`` (their
+    per-domain k) with the largest :func:`step_speedup`, and that speedup.
+
+    Every subset of up to :data:`_ENUMERATE` domains is tried (a greedy drop beyond),
+    then each kept domain's k once over ``1..k_max``. The plan may predict below 1:
+    the caller compares it with ``min_speedup``.
+    """
+    names = sorted(d for d, k in ks.items() if k > 0)
+
+    def score(plan: dict[str, int]) -> float:
+        return step_speedup(rows, plan, counts, alphas, costs, draft_of, verify, host)
+
+    def of(subset: Iterable[str]) -> dict[str, int]:
+        keep = set(subset)
+        return {d: (ks[d] if d in keep else 0) for d in names}
+
+    if not names:
+        return {}, 1.0
+    if len(names) <= _ENUMERATE:
+        subsets = [c for n in range(1, len(names) + 1) for c in combinations(names, n)]
+        best = max((of(s) for s in subsets), key=score)
+    else:
+        best = of(names)
+        while sum(1 for k in best.values() if k) > 1:
+            drops = [{**best, d: 0} for d, k in best.items() if k]
+            better = max(drops, key=score)
+            if score(better) <= score(best):
+                break
+            best = better
+    best_s = score(best)
+    for d in [d for d, k in best.items() if k]:
+        for k in range(1, k_max[d] + 1):
+            s = score({**best, d: k})
+            if s > best_s + 1e-12:
+                best, best_s = {**best, d: k}, s
+    return best, best_s

@@ -1,0 +1,207 @@
+"""The step gate and the step model (accel_plugin/speculative/step_gate.py), driven in
+the order DomainProposer drives the controller, on a simulated clock whose target
+step time depends on the batch and the drafts it verifies; and, with the real
+proposer and verifier, that the gate only changes k (greedy outputs stay exact)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from accel_plugin.speculative import DomainProposer
+from accel_plugin.speculative.controller import DomainController
+from accel_plugin.speculative.domain_stats import DomainState
+from accel_plugin.speculative.draft_config.schema import ControllerConfig
+from accel_plugin.speculative.step_gate import StepGate, plan_step, step_speedup
+
+
+@dataclass
+class Target:
+    """True costs (seconds): plain step, extra per draft token per row, draft forward per draft."""
+
+    plain_s: float = 0.1
+    verify_per_token: float = 0.02  #: fraction of a plain step per draft token per row
+    draft_s: dict[str, float] = field(default_factory=dict)  #: draft -> one forward (any sub-batch)
+    host_s: float = 0.002  #: propose() host work per call
+    jitter: float = 0.03
+
+
+def drive(ctl: DomainController, target: Target, rows: list[str], alphas: dict[str, float], steps: int,
+          drafts: dict[str, str], seed: int = 0, log: list | None = None) -> list[dict[str, int]]:
+    """``steps`` proposer calls on a fixed batch; returns the k per domain of every call."""
+    rng = random.Random(seed)
+    t, last_start, prev, verified, out, propose_end = 0.0, None, None, 0, [], 0.0
+
+    def noisy(s: float) -> float:
+        return s * math.exp(rng.gauss(0.0, target.jitter))
+
+    for _ in range(steps):
+        start = t
+        tokens = 0
+        if prev is not None:
+            for domain, k in zip(rows, prev):
+                accepted = 0
+                while accepted < k and rng.random() < alphas[domain]:
+                    accepted += 1
+                ctl.observe(domain, k, accepted)
+                tokens += accepted + 1
+            ctl.record_step(start - propose_end, len(rows), verified)
+            ctl.record_cycle(start - last_start, len(rows), tokens, verified)
+        ctl.step(len(rows), set(rows), rows)
+        ks = [ctl.k_for(d) for d in rows]
+        ctl.end_step(set(rows))
+        t += noisy(target.host_s)
+        by_draft: dict[str, int] = {}
+        for domain, k in zip(rows, ks):
+            if k:
+                by_draft[drafts[domain]] = max(by_draft.get(drafts[domain], 0), k)
+        draft_seconds = 0.0
+        for draft, k in by_draft.items():
+            per_forward = noisy(target.draft_s[draft])
+            draft_seconds += per_forward * k
+            ctl.record_draft(draft, sum(1 for d, kk in zip(rows, ks) if kk and drafts[d] == draft), per_forward)
+        t += draft_seconds
+        verified = sum(ks)
+        ctl.record_call(len(rows), t - start, draft_seconds, verified)
+        last_start, prev, propose_end = start, ks, t
+        t += noisy(target.plain_s * (1 + target.verify_per_token * verified / len(rows)))
+        out.append(dict(zip(rows, ks)))
+    return out
+
+
+def controller(drafts: dict[str, str], **kw) -> DomainController:
+    return DomainController(ControllerConfig(**kw), drafts, {d: 4 for d in drafts})
+
+
+def drafting_share(ks: list[dict[str, int]], domain: str) -> float:
+    return sum(1 for k in ks if k.get(domain)) / len(ks)
+
+
+ONE = {"good": "/d/good"}
+
+
+def test_gate_switches_a_bucket_off_when_drafting_cycles_are_slower_though_the_formula_says_on():
+    # the true c is 0.6, but the size band (c_size 0.01) clamps it to 0.04: the per-domain
+    # formula (and the step model) predict ~1.4x; the measured cycles say ~0.9x
+    ctl = controller(ONE)
+    ctl.set_target_bytes(100)
+    ctl.set_draft_bytes("/d/good", 1)
+    ks = drive(ctl, Target(draft_s={"/d/good": 0.06}), ["good"] * 8, {"good": 0.5}, 400, ONE)
+    stats = ctl.step_stats()[8]
+    assert ctl.state("good")[0] == DomainState.ON  # the per-domain formula says on ...
+    assert stats["predicted_speedup"] > 1.2
+    assert stats["gate"] == "off" and stats["measured_speedup"] < 1.0  # ... the step says off
+    late = ks[200:]
+    # off: plain steps but the probes (2 steps in gate_probe_interval = 16)
+    assert drafting_share(late, "good") <= 2 / 16 + 0.02
+    assert drafting_share(late, "good") > 0  # probes re-measure
+
+
+def test_gate_stays_on_where_drafting_pays_and_prediction_meets_measurement():
+    ctl = controller(ONE)
+    ks = drive(ctl, Target(draft_s={"/d/good": 0.005}), ["good"] * 8, {"good": 0.8}, 300, ONE)
+    stats = ctl.step_stats()[8]
+    assert stats["gate"] == "on" and stats["measured_speedup"] > 1.3
+    assert stats["predicted_speedup"] == pytest.approx(stats["measured_speedup"], rel=0.25)
+    assert drafting_share(ks[100:], "good") > 0.9  # calibration steps are rare by then
+    assert set(stats) == {"gate", "predicted_speedup", "measured_speedup", "samples", "plain_step_ms",
+                          "cycle_ms", "draft_ms", "host_ms", "steps"}
+    assert stats["plain_step_ms"] > 0 and stats["cycle_ms"] > stats["plain_step_ms"] and stats["steps"] == 300
+
+
+def test_mixed_batch_drops_the_draft_that_serves_one_row_of_eight():
+    drafts = {"good": "/d/good", "mid": "/d/mid"}
+    ctl = controller(drafts)
+    ks = drive(ctl, Target(draft_s={"/d/good": 0.005, "/d/mid": 0.02}), ["good"] * 7 + ["mid"],
+               {"good": 0.8, "mid": 0.6}, 300, drafts)
+    assert ctl.state("mid")[0] == DomainState.ON  # alone, at c = 0.2, mid would pay (1.3x) ...
+    late = ks[150:]
+    assert drafting_share(late, "mid") < 0.05  # ... for one row of eight it does not
+    assert drafting_share(late, "good") > 0.9
+    assert ctl.step_stats()[8]["gate"] == "on"
+
+
+def test_plan_step_keeps_the_subset_that_pays():
+    counts, alphas = {"a": 7, "b": 1}, {"a": 0.8, "b": 0.6}
+    draft_of, ks, k_max = {"a": "A", "b": "B"}, {"a": 2, "b": 2}, {"a": 4, "b": 4}
+    costs = {"a": 0.05, "b": 0.2}
+    plan, s = plan_step(8, ks, counts, alphas, costs, draft_of, lambda per_row: 0.02 * per_row, 0.0, k_max)
+    assert plan["b"] == 0 and plan["a"] >= 1
+    both = step_speedup(8, {"a": plan["a"], "b": 1}, counts, alphas, costs, draft_of,
+                        lambda per_row: 0.02 * per_row, 0.0)
+    assert s > both > 1.0
+    # a large host cost makes every plan lose: the caller then drafts nothing
+    _, s = plan_step(8, ks, counts, alphas, costs, draft_of, lambda per_row: 0.02 * per_row, 5.0, k_max)
+    assert s < 1.0
+    # two domains sharing one draft pay its forwards once
+    shared = step_speedup(8, {"a": 2, "b": 2}, counts, alphas, costs, {"a": "A", "b": "A"}, lambda _: 0.0, 0.0)
+    apart = step_speedup(8, {"a": 2, "b": 2}, counts, alphas, costs, draft_of, lambda _: 0.0, 0.0)
+    assert shared > apart
+
+
+def test_probes_reopen_a_bucket_when_drafting_gets_cheap():
+    ctl = controller(ONE)
+    ctl.set_target_bytes(100)
+    ctl.set_draft_bytes("/d/good", 1)
+    target = Target(draft_s={"/d/good": 0.06})
+    drive(ctl, target, ["good"] * 8, {"good": 0.5}, 300, ONE)
+    assert ctl.step_stats()[8]["gate"] == "off"
+    target.draft_s["/d/good"] = 0.002
+    ks = drive(ctl, target, ["good"] * 8, {"good": 0.5}, 300, ONE, seed=1)
+    assert ctl.step_stats()[8]["gate"] == "on"
+    assert drafting_share(ks[200:], "good") > 0.8
+
+
+def test_gate_pairs_only_cycles_of_the_same_rows_and_breaks_on_untimed():
+    gate = StepGate(ControllerConfig())
+    gate.record_cycle(1.0, 8, 8, 8, 0)  # plain, 8 tokens/s
+    gate.record_cycle(1.0, 7, 8, 14, 7)  # drafting, other rows: no pair
+    assert gate.samples(8) == 0
+    gate.record_cycle(1.0, 8, 8, 16, 8)  # drafting, same rows: 2x
+    gate.record_cycle(None, 8, 8, 8, 0)  # a prefill: breaks the pairing
+    gate.record_cycle(1.0, 8, 8, 8, 8)
+    assert gate.samples(8) == 1 and gate.stats()[8]["measured_speedup"] == 2.0
+
+
+def test_config_refuses_a_gate_that_cannot_decide():
+    with pytest.raises(ValueError, match="gate_min_samples"):
+        ControllerConfig(gate_min_samples=20, gate_window=16)
+
+
+# ---------------------------------------------------------- the real proposer
+
+def _load_verifier():
+    spec = importlib.util.spec_from_file_location("accel_tests_verifier", Path(__file__).with_name("verifier.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gate_only_changes_k_greedy_outputs_stay_exact(make_config, tokenizer, target, target_dir, monkeypatch):
+    verifier = _load_verifier()
+    now = [0.0]
+    config = make_config(f"num_speculative_tokens: 2\ndefault: {{draft: {target_dir}}}\n"
+                         "controller: {min_samples: 2, gate_min_samples: 2, gate_probe_interval: 4}\n")
+    proposer = DomainProposer(config, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                              max_len=verifier.MAX_LEN, clock=lambda: now[0])
+    # every draft call costs 10 s of the fake clock, a target step 1 s: drafting cycles lose
+    draft = proposer.engine.draft
+    monkeypatch.setattr(proposer.engine, "draft", lambda *a: (now.__setitem__(0, now[0] + 10.0), draft(*a))[1])
+    propose = proposer.propose
+    monkeypatch.setattr(proposer, "propose",
+                        lambda *a, **kw: (now.__setitem__(0, now[0] + 1.0), propose(*a, **kw))[1])
+    texts = ["Customer: my refund ticket #123 is late", "The model is"]
+    reqs = [verifier.Request(tokenizer(t).input_ids, 40) for t in texts]
+    trace = verifier.serve(proposer, target, reqs)
+    assert [r.output for r in reqs] == [verifier.plain_greedy(target, r.prompt, 40) for r in reqs]
+    stats = proposer.step_stats()
+    assert stats[2]["gate"] == "off" and stats[2]["measured_speedup"] < 1.0
+    late = [p for p in trace.proposals if p.call > 6]  # the gate's verdict comes within a few calls
+    assert late and sum(1 for p in late if p.drafts) < len(late) / 2
