@@ -97,6 +97,7 @@ CLI_ROWS = [
     _cli(("demo",), "--attention", ("demo",), "--attention", "fast", needle="(choose from 'default', 'flash', 'paged')"),
     _cli(("demo",), "--dtype", ("demo",), "--dtype", "float16", needle="(choose from 'float32', 'bfloat16')"),
     _cli(("demo",), "--models", ("demo",), "--models", "/no/such/family", needle="demo_models"),
+    _cli(("demo",), "--peers", ("demo",), "--peers", "ngram,medusa", needle="valid peers are ngram, suffix"),
     _cli(("demo",), "--json", ("demo",), "--json", "out.txt", needle="expected a .json file name whose directory exists or can be made"),
     # accel tune-draft
     _cli(("tune-draft",), "--target", TUNE[:1], "--target", "/no/such/model", *TUNE[3:],
@@ -228,6 +229,8 @@ YAML_ROWS = [
          "domains.support.match.regex.0: regex '(unclosed' cannot be used: missing )"),
     _key("default.draft", "/no/such/draft", "default.draft: draft model directory '/no/such/draft' does not exist"),
     _key("default.num_speculative_tokens", "-1", f"default.num_speculative_tokens: {GE} 1"),
+    _key("domains.support.lookup", "{min: 4, max: 3}", "domains.support.lookup: min (4) must not exceed max (3)"),
+    _key("default.lookup", "{mn: 2}", "default.lookup.mn: unknown key; valid keys here: min, max, occurrence"),
     _key("controller.adaptive", "sometimes", "controller.adaptive: Input should be a valid boolean"),
     _key("controller.min_acceptance", "1.5", "controller.min_acceptance: Input should be less than or equal to 1"),
     _key("controller.window", "0", f"controller.window: {GE} 1"),
@@ -242,6 +245,11 @@ YAML_ROWS = [
     _key("controller.switch_after", "0", f"controller.switch_after: {GE} 1"),
     _key("controller.calibration_interval", "-1", f"controller.calibration_interval: {GE} 0"),
     _key("controller.log_interval_s", "-1", f"controller.log_interval_s: {GE} 0"),
+    _key("controller.step_gate", "sometimes", "controller.step_gate: Input should be a valid boolean"),
+    _key("controller.gate_window", "0", f"controller.gate_window: {GE} 1"),
+    _key("controller.gate_min_samples", "0", f"controller.gate_min_samples: {GE} 1"),
+    _key("controller.gate_switch_after", "0", f"controller.gate_switch_after: {GE} 1"),
+    _key("controller.gate_probe_interval", "2", f"controller.gate_probe_interval: {GE} 3"),
     _key("controller.min_acceptance", ".nan", "controller.min_acceptance: Input should be less than or equal to 1"),
 ]
 

@@ -58,8 +58,9 @@ from .draft_config.loading import load_draft_config
 from .draft_config.schema import DraftConfig
 from .draft_config.target import DraftTarget
 from .controller import DomainController
-from .domain_stats import DomainStats
+from .domain_stats import DomainState, DomainStats
 from .draft_engine import DraftEngine, DraftJob
+from .lookup import LOOKUP_DRAFT, PromptLookup, lookup_entry
 from .request_states import RequestState, StateIndex, row_keys
 from .router import DomainRouter
 
@@ -90,8 +91,11 @@ class DomainProposer:
         self.max_len = max_len
         self.router = DomainRouter.from_config(config)
         drafts = config.drafts()
+        self.lookup = PromptLookup(config.lookups())  # each lookup is an entry of its own: "<domain>/lookup"
+        k_max = {name: config.k_max(name) for name in drafts}
+        k_max.update({lookup_entry(name): config.k_max(name) for name in self.lookup.lookups})
         self.controller = DomainController(
-            config.controller, drafts, {name: config.k_max(name) for name in drafts},
+            config.controller, {**drafts, **self.lookup.entries()}, k_max,
             target_bytes=target_bytes, logger=self.logger,
         )
         self.engine = DraftEngine(dtype=dtype, device=device, max_len=max_len + config.num_speculative_tokens + 1,
@@ -103,6 +107,7 @@ class DomainProposer:
         self._clock = clock
         self._sized: set[str] = set()  # drafts whose weight size the controller knows
         self._last_return: float | None = None
+        self._last_start: float | None = None  #: start of the last call (a cycle runs start to start)
         self._last_drafted = 0  #: draft tokens proposed last call (the target step since verified them)
         self._last_rows = 0  #: requests that decoded in the last step
         self._last_log = clock()
@@ -240,13 +245,31 @@ class DomainProposer:
             # a step with a prefill, or after an idle engine, is no decoding step's time
             timed = bool(rows) and self._last_rows > 0 and not prefilled
             self.controller.record_step(start - self._last_return if timed else None, len(rows), self._last_drafted)
-        self.controller.step(len(rows), {state.domain for _, state in rows})
+            self.controller.record_cycle(start - self._last_start if timed else None, len(rows),
+                                         sum(int(sampled_counts[i]) for i, _ in rows), self._last_drafted)
+        t_lookup = self._clock()
+        matched = self.lookup.match_rows(rows) if LOOKUP_DRAFT not in self._failed else {}
+        lookup_seconds = self._clock() - t_lookup
+        # a row with a lookup match counts under its lookup entry unless that is off and a draft serves it
+        entries = [lookup_entry(s.domain) if i in matched and (self._drafts[s.domain] is None or self.controller.state(
+            lookup_entry(s.domain), len(rows))[0] != DomainState.OFF) else s.domain for i, s in rows]
+        self.controller.step(len(rows), set(entries), entries)
         jobs_by_draft: dict[str, list[tuple[int, RequestState, DraftJob]]] = {}
-        seen_domains = set()
+        seen_domains = set(entries) | {state.domain for _, state in rows}
+        lookup_rows = lookup_k = 0
         for i, state in rows:
-            seen_domains.add(state.domain)
             draft = self._drafts[state.domain]
-            state.last_drafts = ()
+            state.last_drafts, state.drafter = (), None
+            if i in matched:  # prompt lookup first (its probes too); the draft model if it drafts nothing
+                t0 = self._clock()
+                k = min(self.controller.k_for(lookup_entry(state.domain)), self.max_len - len(state.context))
+                if k > 0:
+                    out[i] = [int(t) for t in state.context[matched[i]: matched[i] + k]]
+                    state.last_drafts, state.drafter = tuple(out[i]), lookup_entry(state.domain)
+                    lookup_rows, lookup_k = lookup_rows + 1, max(lookup_k, len(out[i]))
+                lookup_seconds += self._clock() - t0
+                if k > 0:
+                    continue
             k = self.controller.k_for(state.domain) if draft is not None and draft not in self._failed else 0
             k = min(k, self.max_len - len(state.context))
             if k <= 0:
@@ -259,12 +282,17 @@ class DomainProposer:
                     continue
             jobs_by_draft.setdefault(draft, []).append((i, state, DraftJob(state.cache, state.context, k)))
         self.controller.end_step(seen_domains)
+        if lookup_rows:  # its c: host time per drafted position, as a draft model's per forward
+            self.controller.record_draft(LOOKUP_DRAFT, lookup_rows, lookup_seconds / lookup_k)
 
+        draft_seconds = 0.0  # wall time in the draft models, this call
         for draft, entries in jobs_by_draft.items():
             if draft in self._failed:
                 continue
             try:
+                t0 = self._clock()
                 result = self.engine.draft(draft, [job for _, _, job in entries])
+                draft_seconds += self._clock() - t0
             except Exception as exc:  # noqa: BLE001 - a draft failure must not stop serving
                 self._fail(draft, exc)
                 continue
@@ -279,7 +307,9 @@ class DomainProposer:
         self._last_drafted = sum(map(len, out))
         self._last_rows = len(rows)
         self._last_return = self._clock()
+        self._last_start = start
         self.propose_seconds += self._last_return - start
+        self.controller.record_call(len(rows), self._last_return - start, draft_seconds, self._last_drafted)
         return out
 
     def _learn(self, state: RequestState, new: np.ndarray, num_sampled: int) -> None:
@@ -289,7 +319,7 @@ class DomainProposer:
             accepted = 0
             while accepted < limit and int(new[accepted]) == state.last_drafts[accepted]:
                 accepted += 1
-            self.controller.observe(state.domain, len(state.last_drafts), accepted)
+            self.controller.observe(state.drafter or state.domain, len(state.last_drafts), accepted)
         state.extend(new)
 
     def _tell_size(self, draft: str) -> None:
@@ -334,6 +364,17 @@ class DomainProposer:
                    "mean_acceptance_length": s.mean_acceptance_length, "propose_ms_per_step": propose_ms}
             for name, s in stats.items()
         }
+
+    def step_stats(self) -> dict[int, dict]:
+        """Per batch bucket (1, 2, 4, 8, ...): the step gate's verdict and the step model,
+        JSON-able: ``gate`` (``on``, ``off`` or ``warmup``), ``predicted_speedup`` (median
+        S_step of its drafting steps), ``measured_speedup`` (median of the paired cycle
+        samples in the gate's window), ``samples`` (all so far), ``plain_step_ms`` and
+        ``cycle_ms`` (median plain and drafting cycle, start of one ``propose`` call to
+        the next), ``draft_ms`` and ``host_ms`` (median per drafting call: in the draft
+        models, and the rest of ``propose``), ``steps``; ``None`` where not measured."""
+        with self._lock:
+            return self.controller.step_stats()
 
     def _maybe_log(self) -> None:
         interval = self.config.controller.log_interval_s

@@ -41,6 +41,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from .draft_engine import DraftCache
+    from .lookup import NgramIndex
 
 __all__ = ["KEY_TOKENS", "RequestState", "StateIndex", "row_keys"]
 
@@ -87,6 +88,8 @@ class RequestState:
     row: int = -1  #: batch row at the last step
     key: Key | None = None  #: the context's key (rows without request ids)
     request_id: Hashable | None = None  #: the adapter's id (rows with request ids)
+    lookup: NgramIndex | None = None  #: the n-gram index of its context (domains with prompt lookup)
+    drafter: str | None = None  #: the controller entry that made ``last_drafts`` (None: its domain)
 
     @classmethod
     def start(cls, domain: str, tokens: np.ndarray, **fields) -> RequestState:

@@ -98,7 +98,7 @@ def attach(model, config_path: str | None = None) -> TGIDraftSpeculation | None:
         max_k = "; TGI's Seqlen.max_k workaround applied (TGI's own attention)"
     setattr(model, MODEL_ATTR, spec)
     _LIVE.add(spec)
-    domains = ", ".join(f"{d}->{p or 'none'}" for d, p in config.drafts().items())
+    domains = config.describe()
     _compat.logger().info(
         f"accel-plugin: draft-model speculation ({proposer_name}) replaces TGI's n-gram proposals: config {path}, "
         f"domains {domains}, "

@@ -126,7 +126,7 @@ class DomainDraftProposer:
         self._metrics = proposer_recorder(vllm_config)  # live metrics (docs/observability.md); None: off
         _logger().info(
             "accel-plugin domain proposer (%s): config %s, domains %s, k_max %d, adaptive %s",
-            self.proposer_name, path, ", ".join(f"{d}->{p or 'none'}" for d, p in config.drafts().items()),
+            self.proposer_name, path, config.describe(),
             config.num_speculative_tokens, config.controller.adaptive,
         )
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from .issues import ConfigIssue, DraftConfigError, key_lines, line_of
 from .paths import resolve_draft_dir
-from .schema import ControllerConfig, DefaultDraftConfig, DomainConfig, DraftConfig, MatchConfig
+from .schema import ControllerConfig, DefaultDraftConfig, DomainConfig, DraftConfig, LookupConfig, MatchConfig
 
 __all__ = ["load_draft_config", "parse_draft_config"]
 
@@ -60,6 +60,8 @@ def _model_for(path: tuple[str, ...]) -> type[BaseModel] | None:
         return DomainConfig
     if len(path) == 3 and path[0] == "domains" and path[2] == "match":
         return MatchConfig
+    if path == ("default", "lookup") or len(path) == 3 and path[0] == "domains" and path[2] == "lookup":
+        return LookupConfig
     return None
 
 
@@ -69,6 +71,7 @@ def _model_for(path: tuple[str, ...]) -> type[BaseModel] | None:
 _ADAPTIVE_ONLY = (
     "min_acceptance", "min_samples", "warmup_k", "probe_interval", "probe_k", "draft_cost",
     "verify_overhead", "min_speedup", "hysteresis", "switch_after", "calibration_interval",
+    "step_gate", "gate_window", "gate_min_samples", "gate_switch_after", "gate_probe_interval",
 )
 
 
@@ -84,9 +87,10 @@ def _ignored_keys(config: DraftConfig) -> list[tuple[tuple[str, ...], str]]:
         why = ("has no effect with controller.verify_overhead set (calibration steps only measure the verify "
                "overhead); remove one of the two")
         out.append((("controller", "calibration_interval"), why))
-    if config.default.draft is None and "num_speculative_tokens" in config.default.model_fields_set:
-        why = ("has no effect with default.draft: null (unmatched requests are not speculated); "
-               "remove it, or give default a draft")
+    if (config.default.draft is None and config.default.lookup is None
+            and "num_speculative_tokens" in config.default.model_fields_set):
+        why = ("has no effect with default.draft: null and no default.lookup (unmatched requests are not "
+               "speculated); remove it, or give default a draft or a lookup")
         out.append((("default", "num_speculative_tokens"), why))
     return out
 
@@ -142,7 +146,7 @@ def parse_draft_config(text: str, *, file: str | Path | None = None, check_paths
         raise DraftConfigError(issues)
 
     domains = {
-        name: d.model_copy(update={"draft": resolved[("domains", name, "draft")]})
+        name: d if d.draft is None else d.model_copy(update={"draft": resolved[("domains", name, "draft")]})
         for name, d in config.domains.items()
     }
     default = config.default

@@ -10,6 +10,10 @@ the file (reference: docs/speculative.md)::
         match:
           keywords: [refund, order, delivery]
           regex: ['(?i)ticket #\\d+']
+      repeat:
+        lookup: {min: 2, max: 5}       # prompt lookup: no draft model (or beside one)
+        match:
+          keywords: [rewrite, rephrase]
     default:
       draft: ./drafts/general          # or null: no speculation for unmatched requests
     controller:
@@ -49,12 +53,15 @@ __all__ = [
     "DefaultDraftConfig",
     "DomainConfig",
     "DraftConfig",
+    "LookupConfig",
     "MatchConfig",
     "compile_regex",
 ]
 
 #: Name under which requests that match no domain are counted.
 DEFAULT_DOMAIN = "default"
+#: The longest n-gram prompt lookup matches (``lookup.max``).
+MAX_LOOKUP_N = 32
 #: The longest ``match.regex`` pattern accepted, in characters.
 MAX_REGEX_CHARS = 1000
 #: What a pattern may use, for the message that refuses one.
@@ -112,11 +119,34 @@ class MatchConfig(_Strict):
     regex: list[Annotated[str, AfterValidator(_checked_regex)]] = Field(default_factory=list)
 
 
-class DomainConfig(_Strict):
-    """One domain: its draft model and how its requests are recognised."""
+class LookupConfig(_Strict):
+    """Prompt lookup (:mod:`~accel_plugin.speculative.lookup`): drafts copied from the
+    request's own context after its longest suffix n-gram of ``min..max`` tokens that
+    occurred earlier (vLLM's ``prompt_lookup_min`` / ``prompt_lookup_max``)."""
 
-    draft: str
+    min: int = Field(default=2, ge=1, le=MAX_LOOKUP_N)
+    max: int = Field(default=5, ge=1, le=MAX_LOOKUP_N)
+    #: which earlier occurrence's continuation is proposed (vLLM: the earliest)
+    occurrence: Literal["earliest", "latest"] = "earliest"
+
+    @model_validator(mode="after")
+    def _min_within_max(self) -> LookupConfig:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must not exceed max ({self.max}): n-grams of min..max tokens are matched")
+        return self
+
+
+_NEEDS_A_DRAFTER = ("needs a draft (a draft model directory), a lookup (prompt lookup, e.g. "
+                    "lookup: {min: 2, max: 5}), or both")
+
+
+class DomainConfig(_Strict):
+    """One domain: its draft model and/or prompt lookup, and how its requests are recognised."""
+
     match: MatchConfig
+    draft: str | None = None
+    #: prompt lookup; with a draft too, rows whose context has a match use the lookup
+    lookup: LookupConfig | None = None
     #: a smaller k_max for this domain (default: the top-level num_speculative_tokens)
     num_speculative_tokens: int | None = Field(default=None, ge=1)
 
@@ -124,13 +154,16 @@ class DomainConfig(_Strict):
     def _has_a_rule(self) -> DomainConfig:
         if not self.match.keywords and not self.match.regex:
             raise ValueError("match needs at least one keyword or regex, or no request would reach this domain")
+        if self.draft is None and self.lookup is None:
+            raise ValueError(_NEEDS_A_DRAFTER)
         return self
 
 
 class DefaultDraftConfig(_Strict):
-    """Requests that match no domain: a draft, or ``null`` for no speculation."""
+    """Requests that match no domain: a draft and/or prompt lookup, or neither (no speculation)."""
 
     draft: str | None = None
+    lookup: LookupConfig | None = None
     num_speculative_tokens: int | None = Field(default=None, ge=1)
 
 
@@ -170,6 +203,18 @@ class ControllerConfig(_Strict):
     calibration_interval: int = Field(default=64, ge=0)
     #: seconds between two log lines with the per-domain counters (0 = never)
     log_interval_s: float = Field(default=30.0, ge=0.0)
+    #: the measured step gate (docs/speculative.md, "The step gate"): per batch size,
+    #: tokens/s of drafting cycles against adjacent plain ones; false = per-domain decisions alone
+    step_gate: bool = True
+    #: samples of the measured step speedup kept per batch size (the gate reads their median)
+    gate_window: int = Field(default=16, ge=1)
+    #: samples a batch size needs before the gate gives a verdict there
+    gate_min_samples: int = Field(default=4, ge=1)
+    #: consecutive samples that must agree before the gate switches a batch size on or off
+    gate_switch_after: int = Field(default=2, ge=1)
+    #: a batch size the gate switched off drafts again (two steps: catch-up, then measured)
+    #: once every this many of its steps
+    gate_probe_interval: int = Field(default=16, ge=3)
 
     @model_validator(mode="after")
     def _samples_fit_window(self) -> ControllerConfig:
@@ -177,6 +222,11 @@ class ControllerConfig(_Strict):
             raise ValueError(
                 f"min_samples ({self.min_samples}) must not exceed window ({self.window}): "
                 "the estimate would never have enough samples and the controller would stay at k_max"
+            )
+        if self.gate_min_samples > self.gate_window:
+            raise ValueError(
+                f"gate_min_samples ({self.gate_min_samples}) must not exceed gate_window ({self.gate_window}): "
+                "the step gate would never have enough samples for a verdict"
             )
         return self
 
@@ -222,12 +272,33 @@ class DraftConfig(_Strict):
     def _domain_names(cls, value: dict[str, DomainConfig]) -> dict[str, DomainConfig]:
         if DEFAULT_DOMAIN in value:
             raise ValueError(f"{DEFAULT_DOMAIN!r} is reserved for unmatched requests; use the top-level 'default' key")
+        for name in value:
+            if name.endswith("/lookup"):
+                raise ValueError(f"domain name {name!r}: names ending in '/lookup' are reserved for the "
+                                 "prompt-lookup entries of the per-domain counters; rename it")
         return value
 
     def k_max(self, domain: str) -> int:
         """k_max of ``domain`` (a domain may lower, never raise, the global one: validated)."""
         entry = self.default if domain == DEFAULT_DOMAIN else self.domains[domain]
         return entry.num_speculative_tokens or self.num_speculative_tokens
+
+    def lookups(self) -> dict[str, LookupConfig]:
+        """Domain name -> its prompt lookup, for the domains (and default) that have one."""
+        out = {name: d.lookup for name, d in self.domains.items() if d.lookup is not None}
+        if self.default.lookup is not None:
+            out[DEFAULT_DOMAIN] = self.default.lookup
+        return out
+
+    def describe(self) -> str:
+        """One line for the start-up log: ``support->/path+lookup(2-5), default->none``."""
+        lookups = self.lookups()
+        parts = []
+        for name, draft in self.drafts().items():
+            lookup = lookups.get(name)
+            drafter = "+".join(filter(None, [draft, lookup and f"lookup({lookup.min}-{lookup.max})"]))
+            parts.append(f"{name}->{drafter or 'none'}")
+        return ", ".join(parts)
 
     def drafts(self) -> dict[str, str | None]:
         """Domain name -> draft directory (``None``: no speculation), default last."""

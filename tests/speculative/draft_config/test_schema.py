@@ -115,7 +115,7 @@ def test_minimal_file_has_defaults(tmp_path):
         ("num_speculative_tokens: 3\ndomains:\n  a:\n    draft: x\n    match: {regex: ['(']}\n",
          "domains.a.match.regex.0", 5, "regex '(' cannot be used: missing )"),
         ("num_speculative_tokens: 3\ndomains:\n  a:\n    draft: x\n    match: {}\n", "domains.a", 3, "at least one keyword or regex"),
-        ("num_speculative_tokens: 3\ndomains:\n  a:\n    match: {keywords: [x]}\n", "domains.a.draft", 3, "required key is missing"),
+        ("num_speculative_tokens: 3\ndomains:\n  a:\n    match: {keywords: [x]}\n", "domains.a", 3, "needs a draft (a draft model directory), a lookup"),
         ("num_speculative_tokens: 3\ndomains:\n  a:\n    draft: 5\n    match: {keywords: [x]}\n", "domains.a.draft", 4, "valid string"),
         ("num_speculative_tokens: 3\ndomains:\n  a:\n    draft: x\n    match: {keywords: [x], words: [y]}\n",
          "domains.a.match.words", 5, "valid keys here: keywords, regex"),
@@ -425,3 +425,40 @@ def test_target_trust_defaults_to_no_remote_code(tmp_path, models, monkeypatch):
     path = write(tmp_path, f"num_speculative_tokens: 3\ntrust_remote_code: true\ndefault:\n  draft: {models['draft']}\n")
     check_against_target(load_draft_config(path), models["target"])
     assert flags[0] is False
+
+
+# ------------------------------------------------------------------ prompt lookup
+
+_LOOKUP_DOMAIN = "num_speculative_tokens: 4\ndomains:\n  repeat:\n    {body}\n    match: {{keywords: [rewrite]}}\n"
+
+
+def test_a_domain_may_use_lookup_without_a_draft(tmp_path):
+    config = parse_draft_config(_LOOKUP_DOMAIN.format(body="lookup: {min: 1, max: 3}")
+                                + "default:\n  lookup: {}\n", file=tmp_path / "d.yaml")
+    assert config.drafts() == {"repeat": None, DEFAULT_DOMAIN: None}
+    lookups = config.lookups()
+    assert (lookups["repeat"].min, lookups["repeat"].max, lookups["repeat"].occurrence) == (1, 3, "earliest")
+    assert (lookups[DEFAULT_DOMAIN].min, lookups[DEFAULT_DOMAIN].max) == (2, 5)
+    assert config.describe() == "repeat->lookup(1-3), default->lookup(2-5)"
+
+
+@pytest.mark.parametrize("body, key, message", [
+    ("num_speculative_tokens: 2", "domains.repeat", "needs a draft (a draft model directory), a lookup"),
+    ("lookup: {min: 4, max: 3}", "domains.repeat.lookup", "min (4) must not exceed max (3)"),
+    ("lookup: {min: 0}", "domains.repeat.lookup.min", "greater than or equal to 1; got 0"),
+    ("lookup: {max: 99}", "domains.repeat.lookup.max", "less than or equal to 32; got 99"),
+    ("lookup: {min: 2, maximum: 5}", "domains.repeat.lookup.maximum", "valid keys here: min, max, occurrence"),
+    ("lookup: {occurrence: first}", "domains.repeat.lookup.occurrence", "'earliest' or 'latest'"),
+    ("lookup: 3", "domains.repeat.lookup", "valid dictionary"),
+])
+def test_bad_lookup_values_name_the_valid_ones(body, key, message):
+    with pytest.raises(DraftConfigError) as info:
+        parse_draft_config(_LOOKUP_DOMAIN.format(body=body), check_paths=False)
+    issues = {i.key: i.message for i in info.value.issues}
+    assert key in issues and message in issues[key], issues
+
+
+def test_lookup_entry_names_are_reserved():
+    text = "num_speculative_tokens: 2\ndomains:\n  a/lookup:\n    lookup: {}\n    match: {keywords: [x]}\n"
+    with pytest.raises(DraftConfigError, match="reserved for the prompt-lookup entries"):
+        parse_draft_config(text, check_paths=False)
