@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .llama import LlamaDraftModel
+from .llama import LlamaDraftModel, resolve_precision
 
 __all__ = ["DraftCache", "DraftEngine", "DraftJob", "DraftOutputError", "DraftResult"]
 
@@ -107,17 +107,14 @@ class DraftOutputError(RuntimeError):
     """A draft forward returned NaN or infinite logits (broken weights or numerics)."""
 
 
-def _greedy(draft: str, model: LlamaDraftModel, logits: torch.Tensor) -> list[int]:
-    """The argmax token per row; raises :class:`DraftOutputError` on non-finite logits.
+def _finite(logits: torch.Tensor) -> torch.Tensor:
+    """A 0-d bool tensor: every row's logits are finite (no host sync).
 
     An argmax over NaN is a valid-looking token id: without the check, a broken
     draft would propose garbage at every step while the target quietly rejects it.
+    A row's max is NaN if any entry is NaN, +inf if any is +inf (one reduction of [B]).
     """
-    tokens = model.greedy(logits).tolist()
-    # a row's max is NaN if any entry is NaN, +inf if any is +inf (one reduction of [B])
-    if not bool(torch.isfinite(logits.amax(dim=-1)).all()):
-        raise DraftOutputError(f"draft model {draft} returned non-finite logits (NaN or inf)")
-    return tokens
+    return torch.isfinite(logits.amax(dim=-1)).all()
 
 
 class DraftEngine:
@@ -134,9 +131,10 @@ class DraftEngine:
     def load(self, draft: str) -> LlamaDraftModel:
         model = self.models.get(draft)
         if model is None:
-            model = LlamaDraftModel(draft, dtype=self.dtype, device=self.device,
+            dtype, small_batch_weights = resolve_precision(self.dtype, self.device)
+            model = LlamaDraftModel(draft, dtype=dtype, device=self.device,
                                     max_len=self.max_len, initial_slots=self.initial_slots,
-                                    target_dir=self.target_dir)
+                                    target_dir=self.target_dir, small_batch_weights=small_batch_weights)
             self.models[draft] = model
         return model
 
@@ -172,7 +170,11 @@ class DraftEngine:
             starts[i], news[i] = keep, job.context[keep:]
         short = [i for i in active if len(news[i]) <= _LONG_ROW]
         long = [i for i in active if len(news[i]) > _LONG_ROW]
-        last_token: dict[int, int] = {}
+        # drafts stay on the device until the end: one host copy per call
+        pos = {i: p for p, i in enumerate(active)}
+        ks = [jobs[i].k for i in active]
+        out = torch.zeros(len(active), max(ks), dtype=torch.long, device=device)
+        finite = torch.ones((), dtype=torch.bool, device=device)
         rounds = 0
         for group in ([short] if short else []) + [[i] for i in long]:
             t0 = time.perf_counter()
@@ -186,31 +188,48 @@ class DraftEngine:
                 torch.tensor([len(news[i]) for i in group], dtype=torch.long, device=device),
                 torch.tensor([jobs[i].cache.slot for i in group], dtype=torch.long, device=device),
             )
-            for r, tok in enumerate(_greedy(draft, model, logits)):
-                drafts[group[r]].append(tok)
-                last_token[group[r]] = tok
+            finite &= _finite(logits)
+            if len(group) == len(active):
+                out[:, 0] = model.greedy(logits)
+            else:
+                out[torch.tensor([pos[i] for i in group], device=device), 0] = model.greedy(logits)
             if group is short:
                 rounds += 1
             else:
                 # prompt prefills are one-offs; the short catch-up is paid every step
                 prefill_seconds += time.perf_counter() - t0
-        # 2. k - 1 one-token rounds over the rows that need more drafts
+        # 2. k - 1 one-token rounds over the rows that need more drafts; the rows of a
+        # round are a subset of the last round's, so the index tensors change only
+        # when a row drops out
+        ends = torch.tensor([len(jobs[i].context) for i in active], dtype=torch.long, device=device)
+        slots = torch.tensor([jobs[i].cache.slot for i in active], dtype=torch.long, device=device)
+        ones = torch.ones(len(active), dtype=torch.long, device=device)
+        rows = list(range(len(active)))
+        idx = None  # None: every active row
         step = 1
         while True:
-            rows = [i for i in active if jobs[i].k > step]
-            if not rows:
+            still = [p for p in rows if ks[p] > step]
+            if not still:
                 break
-            logits = model.forward(
-                torch.tensor([[last_token[i]] for i in rows], dtype=torch.long, device=device),
-                torch.tensor([len(jobs[i].context) + step - 1 for i in rows], dtype=torch.long, device=device),
-                torch.ones(len(rows), dtype=torch.long, device=device),
-                torch.tensor([jobs[i].cache.slot for i in rows], dtype=torch.long, device=device),
-            )
-            for r, tok in enumerate(_greedy(draft, model, logits)):
-                drafts[rows[r]].append(tok)
-                last_token[rows[r]] = tok
+            if len(still) != len(rows):
+                rows = still
+                idx = torch.tensor(rows, dtype=torch.long, device=device)
+                r_ends, r_slots = ends[idx], slots[idx]
+            elif idx is None:
+                r_ends, r_slots = ends, slots
+            prev = out[:, step - 1] if idx is None else out[idx, step - 1]
+            logits = model.forward(prev[:, None], r_ends + (step - 1), ones[: len(rows)], r_slots)
+            finite &= _finite(logits)
+            if idx is None:
+                out[:, step] = model.greedy(logits)
+            else:
+                out[idx, step] = model.greedy(logits)
             step += 1
             rounds += 1
+        if not bool(finite):
+            raise DraftOutputError(f"draft model {draft} returned non-finite logits (NaN or inf)")
+        for p, row in enumerate(out.tolist()):
+            drafts[active[p]] = row[: ks[p]]
         # 3. the cache now holds the context and every draft but the last
         for i in active:
             jobs[i].cache.remember(jobs[i].context, drafts[i][:-1])

@@ -15,6 +15,17 @@ head to a token subset (:mod:`.draft_format`): :meth:`LlamaDraftModel.forward`
 then returns logits over that subset, and :meth:`LlamaDraftModel.greedy` maps the
 argmax back to token ids.
 
+Precision per batch size (:func:`resolve_precision`): on a CPU without native
+bfloat16 (no AVX512-BF16 or AMX), bfloat16 matrix products are slower than float32
+ones except where reading the weights is the whole cost, at a few rows (measured by
+``benchmarks/draft_forward.py``: at 1 row bf16 weights take half the time of fp32
+ones, at 8 rows they take more, at 32 rows twice as long). A model built with
+``small_batch_weights=torch.bfloat16`` and ``dtype=torch.float32`` keeps both: its
+forwards of at most ``small_batch_rows`` rows (batch x new tokens) multiply by the
+bfloat16 copies of the matrices (activations cast at each product, results back to
+float32), larger ones by the float32 ones; norms, RoPE, attention and the KV cache
+stay float32.
+
 KV cache: a slot per request (:meth:`LlamaDraftModel.alloc_slot`, given back with
 :meth:`LlamaDraftModel.free_slot` when it finishes), held by :mod:`.draft_kv`,
 which grows and shrinks it with the live requests;
@@ -30,14 +41,50 @@ import torch
 import torch.nn.functional as F
 
 from .draft_kv import DraftKVCache
-from .llama_weights import DraftModelError, load_llama_weights, rope_tables
+from .llama_weights import (
+    DraftModelError,
+    cast_matrices,
+    load_llama_weights,
+    rope_tables,
+    weight_bytes,
+)
 
-__all__ = ["LlamaDraftModel"]
+__all__ = ["SMALL_BATCH_ROWS", "LlamaDraftModel", "native_bf16", "resolve_precision"]
+
+#: forwards of at most this many rows (batch x new tokens) use the small-batch weights;
+#: bf16 weights won at 1, 2 and 4 rows and lost at 8 on the 2-core AVX2 machine
+SMALL_BATCH_ROWS = 4
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX tiles)."""
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
+
+
+def resolve_precision(dtype: torch.dtype, device: torch.device) -> tuple[torch.dtype, torch.dtype | None]:
+    """The (compute dtype, small-batch weight dtype) a draft asked to run in ``dtype`` runs in.
+
+    bfloat16 on a CPU without native bfloat16 becomes float32 compute with bfloat16
+    weights for small batches (the fastest of the three on such a CPU at every batch
+    size); everything else runs as asked (small-batch weights ``None``).
+    """
+    if dtype == torch.bfloat16 and torch.device(device).type == "cpu" and not native_bf16():
+        return torch.float32, torch.bfloat16
+    return dtype, None
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _first_of_run(rows: torch.Tensor) -> int | None:
+    """``r0`` if ``rows`` (a CPU tensor) is ``r0, r0 + 1, ...``, else ``None``."""
+    first = int(rows[0])
+    if len(rows) == 1 or bool((rows[1:] - rows[:-1] == 1).all()):
+        return first
+    return None
 
 
 class LlamaDraftModel:
@@ -50,7 +97,8 @@ class LlamaDraftModel:
 
     def __init__(self, model_dir: str | Path, *, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", max_len: int = 2048, initial_slots: int = 8,
-                 target_dir: str | Path | None = None):
+                 target_dir: str | Path | None = None, small_batch_weights: torch.dtype | None = None,
+                 small_batch_rows: int = SMALL_BATCH_ROWS):
         self.model_dir = Path(model_dir)
         self.target_dir = None if target_dir is None else Path(target_dir)
         cfg = json.loads((self.model_dir / "config.json").read_text())
@@ -81,8 +129,20 @@ class LlamaDraftModel:
         self.layers = weights.layers
         #: bytes of weights one forward reads (see :class:`.llama_weights.LlamaWeights`)
         self.forward_bytes = weights.forward_bytes
+        #: forwards of at most this many rows multiply by ``small_layers`` / ``small_lm_head``
+        self.small_batch_rows = 0
+        self.small_layers, self.small_lm_head = self.layers, self.lm_head
+        if small_batch_weights is not None and small_batch_weights != self.dtype and small_batch_rows > 0:
+            self.small_batch_rows = small_batch_rows
+            self.small_layers = cast_matrices(self.layers, small_batch_weights)
+            self.small_lm_head = self.lm_head.to(small_batch_weights).contiguous()
+        self._small_bytes = weight_bytes(self.small_layers, self.norm, self.small_lm_head)
         self.kv = DraftKVCache(num_layers=self.num_layers, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
                                dtype=self.dtype, device=self.device, max_len=max_len, initial_slots=initial_slots)
+
+    def forward_bytes_at(self, rows: int) -> int:
+        """Bytes of weights a forward of ``rows`` rows (batch x new tokens) reads."""
+        return self._small_bytes if rows <= self.small_batch_rows else self.forward_bytes
 
     def greedy(self, logits: torch.Tensor) -> torch.Tensor:
         """Token ids of the argmax of :meth:`forward`'s logits (through ``head_vocab``)."""
@@ -128,6 +188,10 @@ class LlamaDraftModel:
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return weight * normed.to(self.dtype)
 
+    def _cast_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        # the small-batch weights' product, back in the model's dtype
+        return F.linear(x.to(weight.dtype), weight, bias).to(self.dtype)
+
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, start: torch.Tensor, q_lens: torch.Tensor,
                 slots: torch.Tensor) -> torch.Tensor:
@@ -153,6 +217,9 @@ class LlamaDraftModel:
         if kv_len > self.kv.capacity:
             self.kv.grow(capacity=max(kv_len, 2 * self.kv.capacity))
         slots = self.kv.claim(slots, start + q_lens)  # handles -> rows (after any growth: it may move rows)
+        # rows r0..r0+B-1 in order (requests of one draft arriving in order): attention
+        # reads the cache in place instead of gathering every layer's K and V
+        first = _first_of_run(slots) if device.type == "cpu" else None
         if T == 1:
             w_slot, w_pos, w_b, w_t = slots, start, torch.arange(B, device=device), None
         else:
@@ -166,10 +233,13 @@ class LlamaDraftModel:
         # zeros or stale keys of their own slot and are discarded
         mask = torch.arange(kv_len, device=device)[None, None, None, :] <= pos[:, None, :, None]
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        small = B * T <= self.small_batch_rows
+        layers, lm_head = (self.small_layers, self.small_lm_head) if small else (self.layers, self.lm_head)
+        lin = self._cast_linear if small else F.linear
         x = F.embedding(tokens, self.embed)
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(layers):
             h = self._rms_norm(x, layer.ln_in)
-            qkv = F.linear(h, layer.qkv, layer.qkv_b)
+            qkv = lin(h, layer.qkv, layer.qkv_b)
             # q and k rotated together: one set of RoPE ops per layer
             qk = qkv[..., : (H + Hkv) * D].view(B, T, H + Hkv, D)
             qk = qk * cos + _rotate_half(qk) * sin
@@ -184,14 +254,17 @@ class LlamaDraftModel:
                 vc[w_slot, :, w_pos] = v[w_b, w_t]
             # [B, Hkv, L, D]; index_select of the sliced view copies only L positions
             # (4-5x faster than advanced indexing kc[slots, :, :kv_len] on CPU at batch 8)
-            keys = kc[:, :, :kv_len].index_select(0, slots)
-            values = vc[:, :, :kv_len].index_select(0, slots)
+            if first is None:
+                keys = kc[:, :, :kv_len].index_select(0, slots)
+                values = vc[:, :, :kv_len].index_select(0, slots)
+            else:
+                keys, values = kc[first : first + B, :, :kv_len], vc[first : first + B, :, :kv_len]
             attn = F.scaled_dot_product_attention(
                 q.transpose(1, 2), keys, values, attn_mask=mask, scale=self.scale, enable_gqa=Hkv != H
             )
-            x = x + F.linear(attn.transpose(1, 2).reshape(B, T, H * D), layer.o, layer.o_b)
+            x = x + lin(attn.transpose(1, 2).reshape(B, T, H * D), layer.o, layer.o_b)
             h = self._rms_norm(x, layer.ln_post)
-            gate, up = F.linear(h, layer.gate_up, layer.gate_up_b).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down, layer.down_b)
+            gate, up = lin(h, layer.gate_up, layer.gate_up_b).chunk(2, dim=-1)
+            x = x + lin(F.silu(gate) * up, layer.down, layer.down_b)
         last = x[torch.arange(B, device=device), q_lens - 1]
-        return F.linear(self._rms_norm(last, self.norm), self.lm_head).float()
+        return lin(self._rms_norm(last, self.norm), lm_head).float()

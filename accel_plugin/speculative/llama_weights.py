@@ -17,7 +17,7 @@ import torch
 from ..models.dirs import ModelDirError, check_model_dir
 from .draft_format import DraftFormatError, load_tensors
 
-__all__ = ["DraftModelError", "LlamaWeights", "load_llama_weights", "rope_tables"]
+__all__ = ["DraftModelError", "LlamaWeights", "cast_matrices", "load_llama_weights", "rope_tables", "weight_bytes"]
 
 _STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
@@ -55,7 +55,7 @@ def rope_tables(model_dir: Path, cfg: dict, head_dim: int, length: int) -> tuple
 
 
 class _Layer:
-    __slots__ = ("ln_in", "qkv", "qkv_b", "o", "o_b", "ln_post", "gate_up", "gate_up_b", "down", "down_b")
+    __slots__ = ("down", "down_b", "gate_up", "gate_up_b", "ln_in", "ln_post", "o", "o_b", "qkv", "qkv_b")
 
 
 @dataclass
@@ -138,10 +138,30 @@ def load_llama_weights(model_dir: Path, target_dir: Path | None, *, dtype: torch
                 f"config.json implies {expect_qkv}"
             )
         layers.append(layer)
-    # the embedding table is read only by row
-    forward_bytes = sum(
+    return LlamaWeights(embed=embed, norm=norm, lm_head=lm_head, head_vocab=head_vocab, layers=layers,
+                        forward_bytes=weight_bytes(layers, norm, lm_head))
+
+
+def weight_bytes(layers: list[_Layer], norm: torch.Tensor, lm_head: torch.Tensor) -> int:
+    """Bytes of weights one forward reads (the embedding table is read only by row)."""
+    return sum(
         t.numel() * t.element_size()
         for layer in layers for t in (getattr(layer, n) for n in _Layer.__slots__) if t is not None
-    ) + (norm.numel() + lm_head.numel()) * lm_head.element_size()
-    return LlamaWeights(embed=embed, norm=norm, lm_head=lm_head, head_vocab=head_vocab, layers=layers,
-                        forward_bytes=forward_bytes)
+    ) + norm.numel() * norm.element_size() + lm_head.numel() * lm_head.element_size()
+
+
+#: the matrices (and their biases) of a layer; the norms' weights are not among them
+_MATRICES = ("qkv", "qkv_b", "o", "o_b", "gate_up", "gate_up_b", "down", "down_b")
+
+
+def cast_matrices(layers: list[_Layer], dtype: torch.dtype) -> list[_Layer]:
+    """Copies of ``layers`` whose projection matrices and biases are in ``dtype``
+    (the RMSNorm weights are shared with the originals, unchanged)."""
+    out = []
+    for layer in layers:
+        copy = _Layer()
+        for name in _Layer.__slots__:
+            t = getattr(layer, name)
+            setattr(copy, name, t.to(dtype).contiguous() if name in _MATRICES and t is not None else t)
+        out.append(copy)
+    return out

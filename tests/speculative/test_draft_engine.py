@@ -34,7 +34,7 @@ def test_drafts_follow_contexts_across_steps(draft_dir, hf_draft):
         result = engine.draft(str(draft_dir), jobs)
         for ctx, k, drafts in zip(contexts, ks, result.drafts):
             assert drafts == greedy(hf_draft, ctx, k)
-        assert result.rounds == max(ks) + (0 if step == 0 else 0)
+        assert result.rounds == max(ks)
         # the "target" accepts a row-dependent number of drafts, then adds its own token
         for i, drafts in enumerate(result.drafts):
             accepted = (i + step) % (len(drafts) + 1)
@@ -97,3 +97,19 @@ def test_a_step_compares_only_the_new_tokens(draft_dir, hf_draft):
     assert cache.cached_prefix(longer) == len(ctx) + 1
     assert engine.draft(str(draft_dir), [DraftJob(cache, longer, 2)]).drafts[0] == greedy(hf_draft, list(longer), 2)
     assert np.array_equal(cache.tokens[: len(longer)], longer)
+
+
+def test_bfloat16_on_a_cpu_without_native_bf16_runs_mixed(draft_dir, monkeypatch):
+    """dtype bfloat16 -> float32 compute and KV, bfloat16 weights for small forwards only."""
+    from accel_plugin.speculative import llama
+
+    monkeypatch.setattr(llama, "native_bf16", lambda: False)
+    engine = DraftEngine(dtype=torch.bfloat16, max_len=64)
+    model = engine.load(str(draft_dir))
+    assert model.dtype == torch.float32 and model.small_batch_rows == llama.SMALL_BATCH_ROWS
+    assert model.small_layers[0].qkv.dtype == torch.bfloat16
+    result = engine.draft(str(draft_dir), [DraftJob(engine.new_cache(str(draft_dir)), np.arange(3, 12), 3)])
+    assert len(result.drafts[0]) == 3
+    monkeypatch.setattr(llama, "native_bf16", lambda: True)
+    native = DraftEngine(dtype=torch.bfloat16, max_len=64).load(str(draft_dir))
+    assert native.dtype == torch.bfloat16 and native.small_batch_rows == 0

@@ -44,6 +44,26 @@ def test_non_finite_logits_raise(draft_dir, monkeypatch, value):
         engine.draft(str(draft_dir), [DraftJob(engine.new_cache(str(draft_dir)), CONTEXT, 3)])
 
 
+@pytest.mark.parametrize("bad_round", [1, 2])
+def test_non_finite_logits_in_a_later_round_raise(draft_dir, monkeypatch, bad_round):
+    """Drafts stay on the device through the k loop; a NaN in any round still raises."""
+    engine = DraftEngine(max_len=64)
+    model = engine.load(str(draft_dir))
+    forward, calls = model.forward, []
+
+    def poisoned(*args):
+        logits = forward(*args).clone()
+        calls.append(1)
+        if len(calls) == bad_round + 1:
+            logits[0, 3] = float("nan")
+        return logits
+
+    monkeypatch.setattr(model, "forward", poisoned)
+    with pytest.raises(DraftOutputError, match="non-finite logits"):
+        engine.draft(str(draft_dir), [DraftJob(engine.new_cache(str(draft_dir)), CONTEXT, 4)])
+    assert len(calls) == 4  # the call ran its rounds, then raised
+
+
 def test_minus_inf_logits_are_fine(draft_dir, monkeypatch):
     """-inf marks a token as impossible; only a row with nothing finite is broken."""
     engine = DraftEngine(max_len=64)

@@ -128,3 +128,54 @@ def test_rope_theta_from_config_is_used(tiny_models, tmp_path):
     with torch.no_grad():
         ref = hf(torch.tensor([tokens])).logits[0, -1]
     assert (run(model, [tokens], [0], [model.alloc_slot()])[0] - ref).abs().max() < TOLERANCE[torch.float32]
+
+
+def test_rows_read_in_place_or_gathered_give_the_same_logits(tiny_models):
+    """Rows 0..B-1 in order read the cache in place; any other order gathers it."""
+    model = LlamaDraftModel(tiny_models("gqa-d32"), max_len=64, initial_slots=4)
+    slots = [model.alloc_slot() for _ in range(4)]
+    seqs = [list(range(3, 3 + n)) for n in (5, 9, 2, 14)]
+    run(model, seqs, [0] * 4, slots)
+    nxt = [[40], [41], [42], [43]]
+    in_order = run(model, nxt, [len(s) for s in seqs], slots)
+    perm = [2, 0, 3, 1]
+    gathered = run(model, [nxt[i] for i in perm], [len(seqs[i]) for i in perm], [slots[i] for i in perm])
+    for r, i in enumerate(perm):
+        assert (gathered[r] - in_order[i]).abs().max() < 1e-5
+        assert (in_order[i] - hf_logits(tiny_models("gqa-d32"), seqs[i] + nxt[i])).abs().max() < TOLERANCE[torch.float32]
+
+
+def test_small_batch_weights_only_for_small_forwards(tiny_models):
+    """float32 compute with bfloat16 weights up to small_batch_rows rows, float32 weights beyond."""
+    model_dir = tiny_models("gqa-d32")
+    plain = LlamaDraftModel(model_dir, max_len=64, initial_slots=4)
+    mixed = LlamaDraftModel(model_dir, max_len=64, initial_slots=4, small_batch_weights=torch.bfloat16,
+                            small_batch_rows=2)
+    assert mixed.dtype == torch.float32 and mixed.kv.dtype == torch.float32
+    assert mixed.small_layers[0].qkv.dtype == torch.bfloat16 and mixed.small_lm_head.dtype == torch.bfloat16
+    assert mixed.layers[0].qkv.dtype == torch.float32
+    assert mixed.forward_bytes_at(2) < mixed.forward_bytes == mixed.forward_bytes_at(3) == plain.forward_bytes
+    tokens = [list(range(3, 8)), list(range(9, 12)), list(range(20, 24))]
+    for m in (plain, mixed):
+        for _ in tokens:
+            m.alloc_slot()
+    # 3 rows x 5 tokens > 2 rows: float32 weights, the same logits as the float32 model
+    assert torch.equal(run(mixed, tokens, [0] * 3, [0, 1, 2]), run(plain, tokens, [0] * 3, [0, 1, 2]))
+    # 1 row x 1 token: bfloat16 weights, close to the reference, not equal to float32
+    small = run(mixed, [[30]], [5], [0])[0]
+    exact = run(plain, [[30]], [5], [0])[0]
+    assert not torch.equal(small, exact)
+    assert (small - hf_logits(model_dir, tokens[0] + [30])).abs().max() < TOLERANCE[torch.bfloat16]
+
+
+def test_resolve_precision(monkeypatch):
+    from accel_plugin.speculative import llama
+
+    cpu, bf16, fp32 = torch.device("cpu"), torch.bfloat16, torch.float32
+    monkeypatch.setattr(llama, "native_bf16", lambda: False)
+    assert llama.resolve_precision(bf16, cpu) == (fp32, bf16)
+    assert llama.resolve_precision(fp32, cpu) == (fp32, None)
+    assert llama.resolve_precision(torch.float16, cpu) == (torch.float16, None)
+    assert llama.resolve_precision(bf16, torch.device("cuda")) == (bf16, None)
+    monkeypatch.setattr(llama, "native_bf16", lambda: True)
+    assert llama.resolve_precision(bf16, cpu) == (bf16, None)
