@@ -35,6 +35,10 @@ DRAFTS = {
     # the support draft before tuning: the same cut, no training step
     "support-untuned": ("support", [*COMMON, "--steps", "0"]),
 }
+#: prompt domain -> held-out sets measured into tune_report.json's "held_out_sets"
+#: (the draft on every prompt of the set, however the YAML routes it: the draft's quality)
+HELD_OUT_SETS = {"support": {"templated": "support-heldout.jsonl", "free-style": "support-freestyle.jsonl"}}
+K, GEN_TOKENS = 5, 96
 
 
 def build(name: str, target: Path, work: Path) -> dict:
@@ -64,6 +68,43 @@ def build(name: str, target: Path, work: Path) -> dict:
                   .replace(str(out), f"<work>/{name}").replace(str(HERE), "demo_models/smollm2"))
     (dest / "tune_report.json").write_text(json.dumps(report, indent=1) + "\n")
     (dest / "MODEL_CARD.md").write_text(model_card(name, domain, report))
+    if domain in HELD_OUT_SETS:
+        report = measure_held_out_sets(name, target)
+    return report
+
+
+def measure_held_out_sets(name: str, target: Path, dest: Path | None = None) -> dict:
+    """Greedy acceptance (k=5, 96 tokens, chat) of ``drafts/<name>`` on each of its
+    domain's :data:`HELD_OUT_SETS`, with the share of each set that drafts.yaml routes
+    to the domain; written into tune_report.json ("held_out_sets") and MODEL_CARD.md."""
+    from accel_plugin.speculative.draft_config import load_draft_config
+    from accel_plugin.speculative.draft_config.loading import parse_draft_config
+    from accel_plugin.speculative.router import DomainRouter
+    from accel_plugin.tuning.bench import bench_acceptance
+    from accel_plugin.tuning.prompts import read_prompts
+
+    dest = dest or HERE / "drafts" / name
+    report = json.loads((dest / "tune_report.json").read_text())
+    domain = DRAFTS[name][0] if name in DRAFTS else report.get("domain", "support")
+    # one draft for every prompt: the set's routing is reported apart, below
+    config = parse_draft_config(f"num_speculative_tokens: {K}\ndefault:\n  draft: {dest}\n", file=dest / "x.yaml")
+    router = DomainRouter.from_config(load_draft_config(HERE / "drafts.yaml"))
+    sets = {}
+    for label, file in HELD_OUT_SETS[domain].items():
+        prompts = read_prompts(HERE / "prompts" / file)
+        row = bench_acceptance(config, target, prompts, gen_tokens=GEN_TOKENS, chat=True, k_max=K,
+                               target_step_ms=1.0)["domains"][0]
+        routed = sum(router.route(p.text) == domain for p in prompts)
+        sets[label] = {"prompts": f"demo_models/smollm2/prompts/{file}", "n": len(prompts), "k": K,
+                       "gen_tokens": GEN_TOKENS, "alpha": round(row["alpha"], 4),
+                       "mean_acceptance_length": round(row["mean_acceptance_length"], 4),
+                       "per_position": [None if v is None else round(v, 4) for v in row["per_position"]],
+                       "routed_to_domain": f"{routed}/{len(prompts)} (drafts.yaml)"}
+        print(f"{name} on {label}: alpha {row['alpha']:.3f}, mean acceptance length "
+              f"{row['mean_acceptance_length']:.2f}, routed to {domain} {routed}/{len(prompts)}", flush=True)
+    report["held_out_sets"] = sets
+    (dest / "tune_report.json").write_text(json.dumps(report, indent=1) + "\n")
+    (dest / "MODEL_CARD.md").write_text(model_card(name, domain, report))
     return report
 
 
@@ -89,9 +130,20 @@ made by `accel tune-draft` from the target itself (demo_models/smollm2/build.py)
 - Held-out acceptance (greedy, k={r['k']}, {r['held_out_prompts']} prompts that share no
   8-token sequence with the tuning prompts): alpha {b['alpha']:.3f} before, {a['alpha']:.3f} after;
   mean acceptance length {b['mean_acceptance_length']:.2f} -> {a['mean_acceptance_length']:.2f}.
-- Use: name the folder as a `draft:` in a draft YAML; the proposer reads the borrowed
+{_held_out_sets(r)}- Use: name the folder as a `draft:` in a draft YAML; the proposer reads the borrowed
   tensors from the target vLLM serves and refuses another target (embedding fingerprint).
 """
+
+
+def _held_out_sets(r: dict) -> str:
+    sets = r.get("held_out_sets")
+    if not sets:
+        return ""
+    rows = "".join(f"  - {label} ({s['prompts']}, {s['n']} prompts, routed to this domain by drafts.yaml: "
+                   f"{s['routed_to_domain'].split(' ')[0]}): alpha {s['alpha']:.3f}, mean acceptance length "
+                   f"{s['mean_acceptance_length']:.2f}\n" for label, s in sets.items())
+    return ("- Held-out sets (`build.py --measure-only`: this draft on every prompt of the set, greedy,\n"
+            f"  k={K}, chat, {GEN_TOKENS} tokens at most):\n{rows}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,11 +151,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=sorted(DRAFTS), action="append", help="build only this draft (repeatable)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/accel-smollm2-drafts"),
                         help="where tune-draft writes checkpoints and datasets (default: %(default)s)")
+    parser.add_argument("--measure-only", action="store_true",
+                        help="do not train: measure the committed drafts on their held-out sets (HELD_OUT_SETS)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
     from accel_plugin.models.store import get_model
 
     target = get_model("smollm2", progress=print)
+    if args.measure_only:
+        for name in args.only or [n for n, (d, _) in DRAFTS.items() if d in HELD_OUT_SETS]:
+            measure_held_out_sets(name, target)
+        return 0
     for name in args.only or DRAFTS:
         report = build(name, target, args.work)
         print(f"{name}: held-out alpha {report['before']['alpha']:.3f} -> {report['after']['alpha']:.3f}", flush=True)

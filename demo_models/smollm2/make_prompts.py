@@ -224,7 +224,123 @@ def _general(rng: random.Random, part: str) -> str:
         + rng.choice(_STYLES["general"][part]))
 
 
+# ------------------------------------------------- support, free-style (held-out only)
+
+#: the same kind of needs as _SUPPORT_INTENTS, written as customers write them: not
+#: templated sentences but chat fragments, each need in its own words (none of these
+#: phrasings is a tuning phrasing). {order} here is a customer-typed order reference.
+_FREESTYLE_NEEDS = [
+    "where is my stuff?? {order} still says processing after {days} days",
+    "ordered a {product} on the {days}th and still nothing, tracking link is dead",
+    "got charged {amount} 2x for {order}, pls refund the extra one",
+    "my card got hit twice with {amount} for the same order, whats going on",
+    "need to send the {product} back, it's way too small. how do i do that",
+    "can i still return my {product} if i threw away the box",
+    "the {product} is dead on arrival, wont even power up",
+    "{product} arrived cracked down the middle, want a new one asap",
+    "stop charging me for {plan}!! i cancelled weeks ago",
+    "how do i get out of the {plan} thing, cant find a cancel button anywhere",
+    "{carrier} app says delivered but my porch is empty",
+    "tracking for {order} shows delivered at 2pm, nobody was home and there's nothing here",
+    "cant log in, reset link just sends me in a loop",
+    "my acount is locked and the support chat bot keeps going in circles",
+    "returned the {product} ages ago and still no money back, was {amount}",
+    "refund for {order} was promised {days} days ago, bank shows nothing",
+    "box came with a {product} in the wrong colour and someone elses receipt",
+    "i got 2 left shoes lol, {order}",
+    "the promo code SAVE20 keeps saying expired but your email said its good till friday",
+    "forgot the coupon at checkout, paid {amount}, can u take it off",
+    "need a proper invoice w/ my company name for {order}, accounting wants it",
+    "{product} stopped charging after {days} days, is that covered or not",
+    "moving house next week, can {order} go to my new place instead",
+    "typo in my street name on {order} :( can u change it before it ships",
+    "half my order is missing, the {product} wasnt in there",
+    "do u ship to ireland and how much",
+    "want all my data deleted, and close the account too",
+    "thinking about going from {plan} to the yearly one, whats the price diff",
+]
+_FREESTYLE_ORDERS = ["ord {a}-{b}", "#A{n}", "order no. {n}", "ORD-{n}", "order nr {a}{b}", "#{n}", "{a}-{b}"]
+_FREESTYLE_OPEN = ["", "", "hi, ", "hello ", "hey there. ", "good morning, ", "hi team, ", "HELLO? "]
+_FREESTYLE_JOIN = [". also ", " and also ", "? btw ", ". oh and ", " - also "]
+_FREESTYLE_CLOSE = ["", "", " thanks", " thx", " cheers, dana", " - mike", " regards, J. Ortiz", " ty!!", " asap please"]
+#: typos customers make (applied to some of the words)
+_TYPOS = {"received": "recieved", "package": "pakage", "please": "plz", "the": "teh", "because": "becuase",
+          "address": "adress", "again": "agian", "really": "realy", "weeks": "wekes", "still": "stil",
+          "nothing": "nothin", "which": "wich", "days": "dyas", "what": "wat"}
+
+
+def _support_freestyle(rng: random.Random, part: str) -> str:
+    """A support message as customers type it: a greeting or not, one or two needs in
+    one run-on message, typed order numbers, typos, mostly lower case, a sign-off."""
+    if part != "bench":
+        raise ValueError("the free-style support set is held-out only")
+
+    def need() -> str:
+        order = rng.choice(_FREESTYLE_ORDERS).format(a=rng.randrange(10, 99), b=rng.randrange(1000, 9999),
+                                                     n=rng.randrange(10000, 99999))
+        return rng.choice(_FREESTYLE_NEEDS).format(
+            product=rng.choice(_PRODUCTS), order=order, days=rng.randrange(3, 40), carrier=rng.choice(_CARRIERS),
+            plan=rng.choice(_PLANS), amount=f"${rng.randrange(5, 300)}.{rng.randrange(0, 100):02d}")
+
+    text = need()
+    if rng.random() < 0.4:
+        text += rng.choice(_FREESTYLE_JOIN) + need()
+    words = [(_TYPOS.get(w, w) if rng.random() < 0.35 else w) for w in text.split(" ")]
+    text = rng.choice(_FREESTYLE_OPEN) + " ".join(words) + rng.choice(_FREESTYLE_CLOSE)
+    return text[:1].upper() + text[1:] if rng.random() < 0.25 else text
+
+
+# ------------------------------------------------ repeat (answers repeat the input)
+
+#: tasks whose answer repeats much of the input; the task verb starts the message and
+#: the text follows a colon, so a router can match ``(?i)^\W*(rewrite|fix|...)``-like
+#: patterns (see REPEAT_VERBS)
+REPEAT_VERBS = ("rewrite", "rephrase", "fix", "correct", "copy", "reformat", "repeat")
+_REPEAT_TASKS = [
+    "Rewrite this more politely: {rude}",
+    "Rephrase this in a friendlier tone: {rude}",
+    "Fix the spelling and grammar: {sloppy}",
+    "Correct the mistakes in this text: {sloppy}",
+    "Copy this list as bullet points: {items}",
+    "Reformat as a table with two columns, item and amount: {table}",
+    "Repeat the following text exactly: {plain}",
+]
+_REPEAT_TEXTS = {
+    "rude": ["Your new schedule is useless. Nobody checked it before sending it out. Send a fixed one today.",
+             "I asked for the report twice already. Where is it? This delay is not acceptable.",
+             "The meeting was a waste of time. Next time come prepared or cancel it.",
+             "Stop sending me these reminders. I know the deadline. I will finish when I finish.",
+             "The hotel room was dirty and the staff ignored us. We want our money back."],
+    "sloppy": ["me and him goes to the libary every tuesday, but last week it were closed becuase of a storm.",
+               "their going to announce the winers tomorow, so dont forget to bring you're ticket.",
+               "the garden look beatiful in spring, expecially when the tulips is blooming allong the fence.",
+               "i has finished the draft yesterday but i forgot to atach it to the email, sory about that.",
+               "we was planing a trip to the mountains but the wheather forcast said it will rain all weak."],
+    "items": ["milk, eggs, two loaves of bread, butter, a bag of apples, coffee beans",
+              "passport, phone charger, sunscreen, hiking boots, rain jacket, first aid kit",
+              "call the plumber, pay the electricity bill, water the plants, book the dentist, return library books",
+              "flour, sugar, baking powder, vanilla extract, three eggs, a pinch of salt"],
+    "table": ["rent 1200, groceries 350, transport 90, internet 45, gym 30",
+              "apples 3, pears 5, bananas 12, oranges 7",
+              "chairs 8, tables 2, lamps 4, shelves 3, rugs 1"],
+    "plain": ["The library opens at nine on weekdays and at ten on Saturdays. It is closed on Sundays and holidays.",
+              "Please leave the keys at the front desk when you check out. Breakfast is served until half past ten.",
+              "The train to the coast leaves every hour from platform four. Tickets can be bought on board.",
+              "Bring a warm jacket and sturdy shoes. The trail is steep near the top and the wind is cold."],
+}
+
+
+def _repeat(rng: random.Random, part: str) -> str:
+    if part != "bench":
+        raise ValueError("the repeat set is held-out only")
+    task = rng.choice(_REPEAT_TASKS)
+    slot = task[task.index("{") + 1:task.index("}")]
+    return task.format(**{slot: rng.choice(_REPEAT_TEXTS[slot])})
+
+
 GENERATORS = {"support": _support, "code": _code, "general": _general}
+#: held-out sets with no tuning part: file stem -> (domain label, generator)
+EXTRA_SETS = {"support-freestyle": ("support", _support_freestyle), "repeat-heldout": ("repeat", _repeat)}
 
 
 def _unique(gen, rng: random.Random, part: str, n: int) -> list[str]:
@@ -257,6 +373,23 @@ def build(tokenizer, seed: int = 0) -> dict[str, dict[str, list[str]]]:
     return out
 
 
+def build_extra(tokenizer, sets: dict[str, dict[str, list[str]]], seed: int = 0) -> dict[str, list[str]]:
+    """{stem: prompts} of :data:`EXTRA_SETS`, none sharing an 8-gram with any tuning prompt."""
+    seen: set[tuple[int, ...]] = set()
+    for parts in sets.values():
+        for text in parts["tune"]:
+            seen |= ngrams(tokenizer.encode(text, add_special_tokens=False))
+    out = {}
+    for stem, (_, gen) in EXTRA_SETS.items():
+        rng = random.Random(f"{seed}-{stem}")
+        kept = [t for t in _unique(gen, rng, "bench", 2 * BENCH_PER_DOMAIN)
+                if not ngrams(tokenizer.encode(t, add_special_tokens=False)) & seen][:BENCH_PER_DOMAIN]
+        if len(kept) < BENCH_PER_DOMAIN:
+            raise SystemExit(f"{stem}: only {len(kept)} prompts without a shared {NGRAM}-gram")
+        out[stem] = kept
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokenizer", required=True, type=Path, help="the target model directory (its tokenizer)")
@@ -269,13 +402,17 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for domain, parts in sets.items():
         with open(args.out / f"{domain}-tune.jsonl", "w") as f:
-            for text in parts["tune"]:
-                f.write(json.dumps({"domain": domain, "prompt": text}) + "\n")
+            f.writelines(json.dumps({"domain": domain, "prompt": text}) + "\n" for text in parts["tune"])
         with open(args.out / f"{domain}-heldout.jsonl", "w") as f:
-            for text in parts["bench"]:
-                f.write(json.dumps({"domain": domain, "prompt": text}) + "\n")
+            f.writelines(json.dumps({"domain": domain, "prompt": text}) + "\n" for text in parts["bench"])
+    extra = build_extra(tokenizer, sets)
+    for stem, texts in extra.items():
+        with open(args.out / f"{stem}.jsonl", "w") as f:
+            f.writelines(json.dumps({"domain": EXTRA_SETS[stem][0], "prompt": text}) + "\n" for text in texts)
     for domain, parts in sets.items():
         print(f"{domain}: {len(parts['tune'])} tuning, {len(parts['bench'])} held-out prompts")
+    for stem, texts in extra.items():
+        print(f"{stem}: {len(texts)} held-out prompts ({EXTRA_SETS[stem][0]})")
     return 0
 
 
