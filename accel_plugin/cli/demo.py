@@ -7,7 +7,9 @@ from it by `accel tune-draft`. `--models demo_models` runs the small toy family.
 
 Configurations, each in its own engine (a worker process, single-process vLLM):
 plain (no speculation); tuned (the family's drafts.yaml); untuned (its
-drafts-untuned.yaml: the goal domain's draft before tuning). Every engine uses the
+drafts-untuned.yaml: the goal domain's draft before tuning); and vLLM's own
+speculators as peers (--peers: ngram, and suffix where arctic_inference is
+importable). Every engine uses the
 same attention backend: vLLM's own default unless --attention says otherwise, and
 each engine reports the backend it really used. Held-out prompts of every domain
 run at batch 1 and batch 8 after an untimed warm-up; the untuned engine is never
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 
 from ..demo.family import default_models_dir
+from ..demo.peers import PEERS, parse_peers
 from ..demo.plan import DemoSettings
 from . import doctor
 from .common import number_arg, output_file_arg
@@ -39,7 +42,7 @@ def _span(name: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=number_arg(DemoSettings.RANGES["max_tokens"]), default=64,
                         help=f"most tokens generated per prompt, {_span('max_tokens')} (default: %(default)s)")
-    parser.add_argument("--batch1-prompts", type=number_arg(DemoSettings.RANGES["batch1_prompts"]), default=2,
+    parser.add_argument("--batch1-prompts", type=number_arg(DemoSettings.RANGES["batch1_prompts"]), default=1,
                         help="prompts per domain run one at a time for the batch-1 figure, "
                              f"{_span('batch1_prompts')} (default: %(default)s)")
     parser.add_argument("--repeats", type=number_arg(DemoSettings.RANGES["repeats"]), default=3,
@@ -59,13 +62,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", type=Path, default=default_models_dir(),
                         help="the demo model family: demo_models/smollm2 (real model) or demo_models (toy) "
                              "(default: %(default)s)")
+    parser.add_argument("--peers", type=_peers_arg, default=PEERS_DEFAULT, metavar="NAMES",
+                        help="vLLM's own speculators run beside ours, comma-separated, from: "
+                             f"{', '.join(PEERS)} (suffix only where arctic_inference is importable in the workers; "
+                             "ACCEL_DEMO_SUFFIX_PATH adds folders to their PYTHONPATH) (default: %(default)s)")
+    parser.add_argument("--no-peers", action="store_true", help="run no peer (same as --peers '')")
+    parser.add_argument("--no-mixed", action="store_true", help="skip the batch-8 run with every prompt set mixed")
     parser.add_argument("--json", type=output_file_arg(".json", Path), metavar="PATH", help="also write every number to this JSON file")
+
+
+PEERS_DEFAULT = ",".join(DemoSettings().peers)
+
+
+def _peers_arg(text: str) -> str:
+    try:
+        parse_peers(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def settings_from_args(args: argparse.Namespace) -> DemoSettings:
     """The parsed flags as :class:`DemoSettings` (``--no-untuned`` -> ``untuned=False``)."""
     return DemoSettings(max_tokens=args.max_tokens, batch1_prompts=args.batch1_prompts, repeats=args.repeats,
-                        untuned=not args.no_untuned, attention=args.attention, dtype=args.dtype, models=args.models)
+                        untuned=not args.no_untuned, attention=args.attention, dtype=args.dtype, models=args.models,
+                        peers=() if args.no_peers else parse_peers(args.peers), mixed=not args.no_mixed)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -61,10 +61,18 @@ class Family:
             return get_model(self.target["model_store"], progress=progress)
         return self.root / self.target
 
+    def missing_sets(self) -> list[str]:
+        """Prompt sets named in ``family.json`` whose file is absent (they are skipped)."""
+        if isinstance(self.prompts, str):
+            return []
+        return [name for name, rel in self.prompts.items() if not (self.root / rel).exists()]
+
     def problems(self) -> list[str]:
         """Missing files, as sentences (empty = fine); the target is not fetched here."""
         paths = [self.root / p for p in self.configs.values()]
-        paths += [self.root / p for p in ([self.prompts] if isinstance(self.prompts, str) else self.prompts.values())]
+        # a named prompt set whose file is absent is skipped (missing_sets), except the goal domain's
+        paths += [self.root / p for p in ([self.prompts] if isinstance(self.prompts, str)
+                                          else [v for k, v in self.prompts.items() if k == self.goal_domain])]
         if not isinstance(self.target, dict):
             paths.append(self.root / self.target / "config.json")
         return [f"missing {p} (--models must point at a demo family folder: demo_models/smollm2 or demo_models)"
@@ -106,13 +114,17 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def load_prompts(family: Family) -> dict[str, list[str]]:
-    """{domain label: [prompt, ...]} in file order (user messages for a chat family)."""
-    files = [family.prompts] if isinstance(family.prompts, str) else list(family.prompts.values())
-    by_domain: dict[str, list[str]] = {}
-    for rel in files:
-        for row in _read_jsonl(family.root / rel):
+    """{prompt set: [prompt, ...]} in file order (user messages for a chat family).
+    With one JSONL file the sets are its rows' domains; with a mapping, its keys
+    (a set's rows may carry any domain: the router decides where they go). Sets
+    whose file is absent are skipped (:meth:`Family.missing_sets`)."""
+    if isinstance(family.prompts, str):
+        by_domain: dict[str, list[str]] = {}
+        for row in _read_jsonl(family.root / family.prompts):
             by_domain.setdefault(row["domain"], []).append(row["prompt"])
-    return by_domain
+        return by_domain
+    return {name: [row["prompt"] for row in _read_jsonl(family.root / rel)]
+            for name, rel in family.prompts.items() if (family.root / rel).exists()}
 
 
 def as_model_input(texts: list[str], family: Family, tokenizer_dir: Path) -> list[str]:
@@ -143,14 +155,15 @@ def route_labels(config_path: Path, prompts: dict[str, list[str]]) -> dict[str, 
 
 
 def workload(prompts: dict[str, list[str]], batch1_prompts: int, *, configs: list[str], goal_domain: str,
-             poor_config: str | None) -> tuple[dict[str, list[list[str]]], list[dict]]:
+             poor_config: str | None, mixed: bool = False) -> tuple[dict[str, list[list[str]]], list[dict]]:
     """(warm-up batches per configuration, timed runs).
 
     Warm-up: the last 8 prompts of each domain at batch 8, except that the
     ``poor_config`` engine never sees the goal domain before it is timed (its cost
     counts from its first request). Timed: per domain ``batch1_prompts`` prompts one
     at a time, then the first 8 together; the ``poor_config`` engine runs only the
-    goal domain's.
+    goal domain's. With ``mixed`` (and two sets or more), a last batch-8 run
+    ``mixed`` takes prompts of every set in turn (not on ``poor_config``).
     """
     warm = {label: texts[-8:] for label, texts in prompts.items()}
     warmup = {name: [batch for label, batch in warm.items() if not (name == poor_config and label == goal_domain)]
@@ -161,4 +174,22 @@ def workload(prompts: dict[str, list[str]], batch1_prompts: int, *, configs: lis
         for i in range(min(batch1_prompts, len(texts))):
             timed.append({"name": f"{label}|1|{i}", "prompts": [texts[i]], "configs": runs_on})
         timed.append({"name": f"{label}|8|0", "prompts": texts[:8], "configs": runs_on})
+    if mixed and len(prompts) > 1:
+        timed.append({"name": f"{MIXED}|8|0", "prompts": mixed_batch(prompts),
+                      "configs": [c for c in configs if c != poor_config]})
     return warmup, timed
+
+
+#: the label of the mixed-set batch
+MIXED = "mixed"
+
+
+def mixed_batch(prompts: dict[str, list[str]], size: int = 8) -> list[str]:
+    """``size`` prompts taken from every set in turn (first prompts first)."""
+    columns = [texts for texts in prompts.values() if texts]
+    out: list[str] = []
+    i = 0
+    while len(out) < size and any(i < len(c) for c in columns):
+        out += [c[i] for c in columns if i < len(c)]
+        i += 1
+    return out[:size]

@@ -7,9 +7,10 @@ The steps, as ``accel demo`` takes them:
 1. :func:`open_family`: the demo family of ``DemoSettings.models``, with every file
    it names present;
 2. :func:`plan_demo`: once the target is available, the configurations (plain,
-   tuned, untuned), the held-out prompts as the target sees them, the domain each
-   label is routed to, the warm-up and timed workload; :meth:`DemoPlan.describe`
-   says all that in a few lines;
+   tuned, untuned, and vLLM's own speculators as peers: :mod:`.peers`), the
+   held-out prompts as the target sees them, the domain each label is routed to,
+   the warm-up and timed workload; :meth:`DemoPlan.describe` says all that in a
+   few lines;
 3. the harness runs ``DemoPlan.configs`` with :meth:`DemoPlan.harness_arguments`;
 4. :meth:`DemoPlan.report`: the numbers, ratios and verdicts
    (:func:`.report.build_report`), rendered by :func:`.report.render` with
@@ -50,7 +51,7 @@ class DemoSettings:
     #: most tokens generated per prompt
     max_tokens: int = 64
     #: prompts per domain run one at a time for the batch-1 figure
-    batch1_prompts: int = 2
+    batch1_prompts: int = 1
     #: rounds of timed generates
     repeats: int = 3
     #: run the 'before tuning' configuration too (the family's untuned draft YAML)
@@ -61,6 +62,10 @@ class DemoSettings:
     dtype: str = "float32"
     #: the demo model family folder
     models: Path = field(default_factory=default_models_dir)
+    #: vLLM's own speculators run beside ours (``--peers``; names of :data:`.peers.PEERS`)
+    peers: tuple[str, ...] = ("ngram", "suffix")
+    #: a batch-8 run with prompts of every set together
+    mixed: bool = True
 
     RANGES: ClassVar[dict[str, Range]] = {
         "max_tokens": Range(int, 1, MAX_TOKENS_LIMIT),
@@ -72,6 +77,20 @@ class DemoSettings:
     def __post_init__(self) -> None:
         check_settings(self, self.RANGES, self.CHOICES)
         object.__setattr__(self, "models", Path(self.models))
+        from .peers import parse_peers
+
+        try:
+            object.__setattr__(self, "peers", parse_peers(",".join(self.peers)))
+        except ValueError as exc:
+            raise ValueError(f"--peers: {exc}") from None
+
+
+def _what(config: Path | dict | None) -> str:
+    if config is None:
+        return "no speculation"
+    if isinstance(config, dict):
+        return "vLLM's own " + ", ".join(f"{k}={v}" for k, v in config.items())
+    return f"domain proposer, ACCEL_DRAFT_CONFIG={config.name}"
 
 
 def open_family(models: Path) -> Family:
@@ -91,8 +110,9 @@ class DemoPlan:
     settings: DemoSettings
     family: Family
     target: Path
-    #: configuration name -> its draft YAML (``None``: no speculation)
-    configs: dict[str, Path | None]
+    #: configuration name -> its draft YAML (``None``: no speculation), or a peer's
+    #: vLLM speculative_config (dict)
+    configs: dict[str, Path | dict | None]
     #: domain label -> held-out prompts, as the target sees them
     prompts: dict[str, list[str]]
     #: configuration -> label -> {"routed": [domains], "draft": name}
@@ -101,7 +121,15 @@ class DemoPlan:
     timed: list[dict]
     #: the configuration never warmed up on the goal domain (``None``: none)
     poor: str | None
+    #: peers asked for but not run -> why
+    skipped_peers: dict[str, str] = field(default_factory=dict)
+    #: prompt sets the family names whose file is absent
+    missing_sets: list[str] = field(default_factory=list)
 
+    @property
+    def peers(self) -> list[str]:
+        """The peer configurations that run (vLLM's own speculators)."""
+        return [name for name, c in self.configs.items() if isinstance(c, dict)]
     @property
     def attention_backend(self) -> str:
         """``ACCEL_ATTENTION_BACKEND`` of every engine ('' = the framework's own)."""
@@ -117,10 +145,11 @@ class DemoPlan:
                                "on a CPU the accel kernels run as their exact pure-torch reference"),
             "  domains: " + ", ".join(f"{label} ({len(p)} held-out prompts)" for label, p in self.prompts.items())
             + ("; prompts are user messages in the target's chat template" if family.chat else ""),
-            "  configurations: " + "; ".join(
-                f"{name} ({'no speculation' if path is None else f'domain proposer, ACCEL_DRAFT_CONFIG={path.name}'})"
-                for name, path in self.configs.items()),
+            "  configurations: " + "; ".join(f"{name} ({_what(path)})" for name, path in self.configs.items()),
         ]
+        lines += [f"  {name}: not run ({why})" for name, why in self.skipped_peers.items()]
+        if self.missing_sets:
+            lines.append("  prompt sets skipped (file absent): " + ", ".join(self.missing_sets))
         if self.poor:
             lines.append(f"  the {self.poor} engine is not warmed up on {family.goal_domain}: its cost counts from "
                          "the first request")
@@ -144,31 +173,48 @@ class DemoPlan:
         settings = {"target_name": self.family.name, "target_dir": str(self.target), "max_tokens": s.max_tokens,
                     "batch1_prompts": s.batch1_prompts, "repeats": s.repeats, "attention": s.attention,
                     "dtype": s.dtype, "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
-                    "ignore_eos": self.family.ignore_eos,
+                    "ignore_eos": self.family.ignore_eos, "peers": self.peers,
+                    "skipped_peers": self.skipped_peers, "goal_domain": self.family.goal_domain,
                     "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}}
-        return build_report(results, self.routes, settings, self.family.goal_domain)
+        return build_report(results, self.routes, settings, self.family.goal_domain, peers=self.peers)
 
     def titles(self) -> dict[str, str]:
         """Configuration -> the title of its table."""
         return {name: TITLES.get(name, name).format(yaml=path.name, goal=self.family.goal_domain)
-                for name, path in self.configs.items() if path is not None}
+                for name, path in self.configs.items() if isinstance(path, Path)}
 
 
-def plan_demo(settings: DemoSettings, family: Family, target: Path) -> DemoPlan:
+def plan_demo(settings: DemoSettings, family: Family, target: Path, has_module=None) -> DemoPlan:
     """The plan for ``family`` with its target in ``target`` (loads the target's
-    tokenizer for a chat family, and the draft YAML files to route the prompts)."""
-    from .family import as_model_input, load_prompts, route_labels, workload
+    tokenizer for a chat family, and the draft YAML files to route the prompts).
+    ``has_module(name)``: whether a worker can import a peer's package (default:
+    :func:`.peers.worker_has_module`)."""
+    from .family import (
+        MIXED,
+        as_model_input,
+        load_prompts,
+        mixed_batch,
+        route_labels,
+        workload,
+    )
+    from .peers import peer_configs, worker_has_module
 
-    configs: dict[str, Path | None] = {"plain": None, "tuned": family.config_path("tuned")}
+    configs: dict[str, Path | dict | None] = {"plain": None, "tuned": family.config_path("tuned")}
     if settings.untuned and "untuned" in family.configs:
         configs["untuned"] = family.config_path("untuned")
+    peers, skipped = peer_configs(settings.peers, has_module or worker_has_module)
+    configs.update(peers)
     prompts = {label: as_model_input(batch, family, target) for label, batch in load_prompts(family).items()}
-    routes = {name: route_labels(path, prompts) for name, path in configs.items() if path is not None}
+    labelled = dict(prompts)
+    if settings.mixed and len(prompts) > 1:
+        labelled[MIXED] = mixed_batch(prompts)
+    routes = {name: route_labels(path, labelled) for name, path in configs.items() if isinstance(path, Path)}
     poor = "untuned" if "untuned" in configs else None
     warmup, timed = workload(prompts, settings.batch1_prompts, configs=list(configs),
-                             goal_domain=family.goal_domain, poor_config=poor)
+                             goal_domain=family.goal_domain, poor_config=poor, mixed=settings.mixed)
     return DemoPlan(settings=settings, family=family, target=target, configs=configs, prompts=prompts,
-                    routes=routes, warmup=warmup, timed=timed, poor=poor)
+                    routes=routes, warmup=warmup, timed=timed, poor=poor, skipped_peers=skipped,
+                    missing_sets=family.missing_sets())
 
 
 def harness_notes(results: dict[str, dict]) -> list[str]:

@@ -52,6 +52,7 @@ def summarise(result: dict, routed: dict[str, list[str]] | None = None) -> dict[
         entry["repeats_identical"] &= bool(run.get("repeats_identical", True))
         entry["propose_steps"] += run.get("propose_steps", 0)
         entry["propose_seconds"] += run.get("propose_seconds", 0.0)
+        entry["step_stats"] = run.get("step_stats")
         stats = run.get("stats") or {}
         for domain in (routed or {}).get(label, []):
             d = run.get("delta", {}).get(domain)
@@ -99,21 +100,26 @@ def _predicted(row_domains: dict) -> float | None:
     return values[0] if len(values) == 1 else None
 
 
-def build_report(results: dict[str, dict], routes: dict[str, dict], settings: dict, goal_domain: str) -> dict:
-    """Everything the table, the verdicts and --json need, from the raw results."""
+def build_report(results: dict[str, dict], routes: dict[str, dict], settings: dict, goal_domain: str,
+                 peers: list[str] = ()) -> dict:
+    """Everything the table, the verdicts and --json need, from the raw results;
+    ``peers``: the configurations that are vLLM's own speculators (no routes)."""
+    from .compare import comparison, goals23
+
     plain = summarise(results["plain"])
     configs = {}
     for name, result in results.items():
         if name == "plain":
             continue
-        summary = summarise(result, {label: r["routed"] for label, r in routes[name].items()})
+        route = routes.get(name, {})
+        summary = summarise(result, {label: r["routed"] for label, r in route.items()})
         rows = []
         for (label, batch), s in summary.items():
             base = plain[(label, batch)]
             same = sum(a == b for a, b in zip(s["token_ids"], base["token_ids"]))
             rows.append({
-                "domain": label, "batch": batch, "routed": routes[name][label]["routed"],
-                "draft": routes[name][label]["draft"],
+                "domain": label, "batch": batch, "routed": route.get(label, {}).get("routed", []),
+                "draft": route.get(label, {}).get("draft"),
                 "plain_tokens_per_s": base["tokens_per_s"], "spec_tokens_per_s": s["tokens_per_s"],
                 "generated": s["generated"],
                 "ratio": paired_ratio(base, s), "ratio_per_round": per_round_ratios(base, s),
@@ -130,18 +136,25 @@ def build_report(results: dict[str, dict], routes: dict[str, dict], settings: di
             "final": {d: {k: v for k, v in st.items() if k not in ("costs_by_bucket",)} for d, st in final.items()},
             "propose_ms_per_step": next((st.get("propose_ms_per_step") for st in final.values()), None),
             "startup_s": result["startup_s"], "warmup_s": result["warmup_s"],
-            "attention_backends": result.get("attention_backends"),
+            "attention_backends": result.get("attention_backends"), "method": result.get("method"),
+            "step_stats": next((r.get("step_stats") for r in reversed(result["runs"]) if r.get("step_stats")), None),
         }
+    compared = comparison(configs, list(peers))
     return {
         "timing_spread": timing_spread(results),
         "settings": settings,
-        "engines": {name: {"attention_backends": r.get("attention_backends"), "parameters": r.get("parameters")}
+        "engines": {name: {"attention_backends": r.get("attention_backends"), "parameters": r.get("parameters"),
+                           "method": r.get("method")}
                     for name, r in results.items()},
         "plain": {f"{label}|{batch}": {k: s[k] for k in ("generated", "seconds", "tokens_per_s")}
                   for (label, batch), s in plain.items()},
         "configs": configs,
         "cost_ratios": cost_ratio_agreement(configs),
         "goals": verdicts(configs, goal_domain, lossless_required=settings.get("dtype") == "float32"),
+        "peers": list(peers),
+        "comparison": compared,
+        "goals23": goals23(compared, goal_domain, lossless_required=settings.get("dtype") == "float32",
+                           skipped=settings.get("skipped_peers")),
     }
 
 
@@ -239,6 +252,8 @@ def _fmt(value: float | None, spec: str, none: str = "-") -> str:
 
 
 def render(report: dict, titles: dict[str, str]) -> str:
+    from .compare import render_comparison, step_lines
+
     lines = []
     st = report["settings"]
     plain_engine = report["engines"].get("plain", {})
@@ -249,10 +264,13 @@ def render(report: dict, titles: dict[str, str]) -> str:
         f"{' (ends at end of answer)' if not st.get('ignore_eos', True) else ''}; batch 1 = {st['batch1_prompts']} "
         f"prompts one at a time, batch 8 = 8 prompts together; {st['repeats']} round(s)")
     lines.append("attention backend each engine used (read back): " + "; ".join(
-        f"{name} {', '.join(e.get('attention_backends') or ['?'])}" for name, e in report["engines"].items()))
+        f"{name} {', '.join(e.get('attention_backends') or ['?'])}"
+        + (f" (method {e['method']})" if e.get("method") else "") for name, e in report["engines"].items()))
     lines.append("tok/s = the median round; ratio = the median of the rounds' paired ratios; pred = the "
                  "controller's formula at that batch size; propose ms = the whole propose() call per step")
     for name, cfg in report["configs"].items():
+        if name in report.get("peers", ()):
+            continue
         lines.append("")
         lines.append(titles.get(name, name))
         header = (f"  {'domain':<8} {'routed->draft':<26} {'batch':>5} {'plain tok/s':>11} {'spec tok/s':>10} "
@@ -282,6 +300,11 @@ def render(report: dict, titles: dict[str, str]) -> str:
             for d, s in cfg["final"].items() if s.get("draft")))
         lines.append(f"  propose() {_fmt(cfg['propose_ms_per_step'], '.1f')} ms per step; greedy outputs identical "
                      f"to plain decoding (every round): {same}/{total}")
+        lines.append("  controller's step model at the end (predicted vs measured per batch bucket):")
+        lines += step_lines(cfg.get("step_stats"))
+    if "comparison" in report:
+        lines += render_comparison(report["comparison"], report.get("peers", []),
+                                   st.get("skipped_peers") or {})
     if report.get("cost_ratios"):
         lines.append("")
         lines.append("cost ratio c of each draft (batch 1), per configuration: " + "; ".join(
@@ -298,4 +321,11 @@ def render(report: dict, titles: dict[str, str]) -> str:
     for g in report["goals"]:
         status = {True: "MET   ", False: "MISSED", None: "n/a   "}[g["met"]]
         lines.append(f"  [{status}] {g['goal']}: {_fmt(g['measured'], '.2f')} (goal >= {g['target']}; {g['detail']})")
+    if report.get("goals23"):
+        lines.append("")
+        lines.append("Goals of issue 23 (measured above, not assumed):")
+        for g in report["goals23"]:
+            status = {True: "MET   ", False: "MISSED", None: "n/a   "}[g["met"]]
+            lines.append(f"  [{status}] {g['goal']}: {_fmt(g['measured'], '.2f')} (goal >= {g['target']}; "
+                         f"{g['detail']})")
     return "\n".join(lines)

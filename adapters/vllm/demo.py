@@ -37,12 +37,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from accel_plugin.demo.peers import worker_pythonpath
+
 PROPOSER = "accel_plugin.adapters.vllm.DomainDraftProposer"
 _COUNTERS = ("steps", "drafted", "accepted")
 
 
 def spec_config(num_speculative_tokens: int = 5) -> dict:
     return {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": num_speculative_tokens}
+
+
+def _method(llm: Any) -> str | None:
+    """The speculative method vLLM really runs (from its own config; ``None``: none)."""
+    spec = getattr(llm.llm_engine.vllm_config, "speculative_config", None)
+    return getattr(spec, "method", None) if spec is not None else None
 
 
 def _spec_counters(llm: Any) -> dict:
@@ -71,7 +79,8 @@ class _Engine:
     """One vLLM engine in this process and what the demo reads from it."""
 
     def __init__(self, target: str | Path, *, spec: dict | None = None, max_tokens: int = 64,
-                 dtype: str = "float32", max_model_len: int = 512, ignore_eos: bool = True):
+                 dtype: str = "float32", max_model_len: int = 512, ignore_eos: bool = True,
+                 max_num_seqs: int = 16, kv_cache_mib: int = 128):
         import torch
         from vllm import LLM, SamplingParams
 
@@ -85,8 +94,8 @@ class _Engine:
             dtype=dtype,
             enforce_eager=True,
             max_model_len=max_model_len,
-            kv_cache_memory_bytes=128 * 2**20,
-            max_num_seqs=16,
+            kv_cache_memory_bytes=kv_cache_mib * 2**20,
+            max_num_seqs=max_num_seqs,
             seed=0,
             disable_log_stats=False,
             **({"speculative_config": spec} if spec else {}),
@@ -102,6 +111,7 @@ class _Engine:
 
         return {"attention_backends": sorted({n for names in self.llm.collective_rpc(_attention_backends)
                                               for n in names}),
+                "method": _method(self.llm),
                 "parameters": checkpoint_parameters(self.llm.llm_engine.model_config.model)}
 
     def stats(self) -> dict | None:
@@ -112,10 +122,25 @@ class _Engine:
 
         return collect_stats()
 
+    def step_stats(self) -> dict | None:
+        """The domain proposer's per-bucket step model (``DomainProposer.step_stats``),
+        where the proposer has it; ``None`` otherwise."""
+        if not self.spec or self.spec.get("method") != "custom_class":
+            return None
+        from .proposer import live_proposers
+
+        out: dict[str, dict] = {}
+        for proposer in live_proposers():
+            read = getattr(proposer.core, "step_stats", None)
+            if read is not None:
+                out.update({str(bucket): dict(v) for bucket, v in (read() or {}).items()})
+        return out or None
+
     def _clock(self) -> tuple[int, float]:
         from .proposer import live_proposers
 
-        cores = [p.core for p in live_proposers()] if self.spec else []
+        custom = bool(self.spec) and self.spec.get("method") == "custom_class"
+        cores = [p.core for p in live_proposers()] if custom else []
         return sum(c.num_steps for c in cores), sum(c.propose_seconds for c in cores)
 
     def generate(self, prompts: list[str]) -> list:
@@ -141,6 +166,7 @@ class _Engine:
             "propose_seconds": propose1 - propose0,
             "delta": delta,
             "stats": after,
+            "step_stats": self.step_stats(),
         }
 
 
@@ -149,7 +175,8 @@ def serve(args: dict, stdin=None) -> int:
     stdin = stdin if stdin is not None else sys.stdin
     engine = _Engine(args["target"], spec=args.get("spec"), max_tokens=args.get("max_tokens", 64),
                      dtype=args.get("dtype", "float32"), max_model_len=args.get("max_model_len", 512),
-                     ignore_eos=args.get("ignore_eos", True))
+                     ignore_eos=args.get("ignore_eos", True), max_num_seqs=args.get("max_num_seqs", 16),
+                     kv_cache_mib=args.get("kv_cache_mib", 128))
     t0 = time.perf_counter()
     for prompts in args.get("warmup", []):
         engine.generate(prompts)
@@ -237,23 +264,24 @@ def _best(results: list[dict]) -> dict:
             "repeats_identical": all(r["token_ids"] == best["token_ids"] for r in results),
             "propose_steps": sum(r["propose_steps"] for r in results),
             "propose_seconds": sum(r["propose_seconds"] for r in results),
-            "stats": results[-1]["stats"]}
+            "stats": results[-1]["stats"], "step_stats": results[-1].get("step_stats")}
 
 
-def run_side_by_side(target: str | Path, configs: dict[str, str | Path | None], *,
+def run_side_by_side(target: str | Path, configs: dict[str, str | Path | dict | None], *,
                      warmup: list[list[str]] | dict[str, list[list[str]]],
                      timed: list[dict], repeats: int = 1, attention_backend: str = "",
                      num_speculative_tokens: int = 5, timeout_s: float = 600, progress=None,
                      **engine_args: Any) -> dict[str, dict]:
-    """One engine per entry of ``configs`` (name -> draft YAML, or ``None`` for no
-    speculation), each warmed up with ``warmup`` (one list of prompt batches for all,
+    """One engine per entry of ``configs`` (name -> draft YAML for the domain
+    proposer, a vLLM ``speculative_config`` dict used as is, e.g. ``{"method":
+    "ngram", ...}``, or ``None`` for no speculation), each warmed up with ``warmup`` (one list of prompt batches for all,
     or one per configuration name); then every ``timed`` entry (``{"name": str,
     "prompts": [...]}``, optionally ``"configs": [names]`` to run it on those engines
     only) on every engine in turn, ``repeats`` times. ``attention_backend`` is
     ``ACCEL_ATTENTION_BACKEND`` for every engine; ``""`` leaves it unset: vLLM's own
     default backend.
 
-    Returns per configuration: ``startup_s``, ``warmup_s``, ``after_warmup`` and
+    Returns per configuration: ``method`` (vLLM's own, read back), ``startup_s``, ``warmup_s``, ``after_warmup`` and
     ``final`` proposer counters, vLLM's ``spec`` counters, ``warnings`` (the
     plugin's, from the worker's stderr) and ``runs``: per timed entry the fastest
     repeat (seconds, generated tokens, greedy ids) with ``seconds_all``, and the
@@ -264,7 +292,7 @@ def run_side_by_side(target: str | Path, configs: dict[str, str | Path | None], 
     base_env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "ACCEL_ATTENTION_BACKEND": attention_backend,
                 "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                 # the read-back of the attention backend ships a function to the worker
-                "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+                "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "PYTHONPATH": worker_pythonpath()}
     if not attention_backend:
         base_env.pop("ACCEL_ATTENTION_BACKEND")
     base_env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -279,7 +307,9 @@ def run_side_by_side(target: str | Path, configs: dict[str, str | Path | None], 
         for name, draft_config in configs.items():
             batches = warmup.get(name, []) if isinstance(warmup, dict) else warmup
             env, args = dict(base_env), {"target": str(target), "warmup": batches, **engine_args}
-            if draft_config is not None:
+            if isinstance(draft_config, dict):
+                args["spec"] = dict(draft_config)
+            elif draft_config is not None:
                 env["ACCEL_DRAFT_CONFIG"] = str(draft_config)
                 args["spec"] = spec_config(num_speculative_tokens)
             t0 = time.perf_counter()

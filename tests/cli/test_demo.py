@@ -9,8 +9,8 @@ import json
 import pytest
 
 from accel_plugin.cli import demo
-from accel_plugin.cli.main import build_parser
 from accel_plugin.cli.doctor import package_version
+from accel_plugin.cli.main import build_parser
 from accel_plugin.demo.family import default_models_dir, load_family
 from accel_plugin.demo.plan import DemoSettings
 from accel_plugin.demo.report import timing_spread
@@ -66,6 +66,42 @@ def test_settings_name_the_flag_and_the_valid_values(change, needle):
     assert needle in str(exc.value)
 
 
+def test_unknown_peers_are_a_clear_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse("--peers", "ngram,medusa")
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--peers" in err and "'medusa'" in err and "ngram, suffix" in err
+    assert demo.settings_from_args(parse("--no-peers")).peers == ()
+    assert demo.settings_from_args(parse("--peers", "ngram")).peers == ("ngram",)
+    with pytest.raises(ValueError, match="--peers: unknown peer"):
+        DemoSettings(peers=("eagle",))
+
+
+def test_a_peer_whose_package_is_missing_is_not_run_and_says_why():
+    from accel_plugin.demo.peers import PEERS, peer_configs
+
+    run, skipped = peer_configs(("ngram", "suffix"), has_module=lambda module: False)
+    assert run == {"ngram": PEERS["ngram"]} and "arctic_inference" in skipped["suffix"]
+    assert "ACCEL_DEMO_SUFFIX_PATH" in skipped["suffix"]
+    run, skipped = peer_configs(("suffix",), has_module=lambda module: module == "arctic_inference")
+    assert run == {"suffix": PEERS["suffix"]} and skipped == {}
+
+
+def test_the_workers_pythonpath_takes_the_suffix_path_first(tmp_path):
+    import os
+    import sys
+
+    from accel_plugin.demo.peers import worker_has_module, worker_pythonpath
+
+    env = {"ACCEL_DEMO_SUFFIX_PATH": f"/a{os.pathsep}/b", "PYTHONPATH": "/c"}
+    assert worker_pythonpath(env) == os.pathsep.join(["/a", "/b", "/c"])
+    (tmp_path / "only_here_pkg.py").write_text("")
+    assert not worker_has_module("only_here_pkg", {**os.environ, "PYTHONPATH": ""})
+    assert worker_has_module("only_here_pkg", {**os.environ, "ACCEL_DEMO_SUFFIX_PATH": str(tmp_path)})
+    assert sys.executable  # the probe runs this interpreter
+
+
 def test_missing_family_is_a_clear_error(tmp_path):
     args = parse("--models", str(tmp_path), "--skip-doctor")
     with pytest.raises(SystemExit) as exc:
@@ -75,14 +111,14 @@ def test_missing_family_is_a_clear_error(tmp_path):
 
 @pytest.mark.skipif(package_version("vllm") is None, reason="vLLM is not installed")
 def test_small_real_run(tmp_path, capsys, monkeypatch):
-    """Real vLLM, plain and tuned only, 4 tokens, 1 batch-1 prompt (about 40 s on 2 cores)."""
+    """Real vLLM, plain, tuned and vLLM's n-gram peer, 4 tokens, 1 batch-1 prompt (about a minute on 2 cores)."""
     from accel_plugin.cli import main
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # conftest's 1 thread: the demo uses the machine
 
     out = tmp_path / "demo.json"
     rc = main(["demo", "--skip-doctor", "--models", str(TOY), "--no-untuned", "--max-tokens", "4",
-               "--batch1-prompts", "1", "--repeats", "1", "--json", str(out)])
+               "--batch1-prompts", "1", "--repeats", "1", "--peers", "ngram", "--json", str(out)])
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "tuned drafts" in text and "Goals" in text and "vLLM's own default backend" in text
@@ -91,9 +127,16 @@ def test_small_real_run(tmp_path, capsys, monkeypatch):
     assert all(e["attention_backends"] == ["CPU_ATTN"] for e in report["engines"].values()), report["engines"]
     assert report["engines"]["plain"]["parameters"] > 10_000_000
     rows = report["configs"]["tuned"]["rows"]
-    assert {(r["domain"], r["batch"]) for r in rows} == {(d, b) for d in ("support", "code", "prose") for b in (1, 8)}
+    assert {(r["domain"], r["batch"]) for r in rows} == ({(d, b) for d in ("support", "code", "prose") for b in (1, 8)}
+                                                          | {("mixed", 8)})
     assert all(r["plain_tokens_per_s"] > 0 and r["spec_tokens_per_s"] > 0 for r in rows)
     assert sum(r["identical_outputs"] for r in rows) >= 1
+    # vLLM's own n-gram speculator ran beside ours, and said so itself
+    assert report["engines"]["ngram"]["method"] == "ngram" and report["engines"]["tuned"]["method"] == "custom_class"
+    assert "ours (tuned drafts) beside vLLM's own speculators" in text and "Goals of issue 23" in text
+    compared = {(r["domain"], r["batch"]): r for r in report["comparison"]}
+    assert set(compared) == {(d, b) for d in ("support", "code", "prose") for b in (1, 8)} | {("mixed", 8)}
+    assert all(r["peers"]["ngram"]["tokens_per_s"] > 0 for r in compared.values())
 
 
 def test_repeats_keep_the_fastest_run_and_sum_the_counters():
@@ -173,8 +216,8 @@ def test_a_worker_that_died_is_reported_when_sent_work():
 
 def test_without_an_adapter_answering_the_demo_stops_with_a_message(tmp_path, capsys, monkeypatch):
     """The core reaches vLLM's runner only through the accel_demo_harness hook."""
-    from accel_plugin.plugins import manager
     from accel_plugin.cli import main
+    from accel_plugin.plugins import manager
 
     real = manager.load_plugins
 

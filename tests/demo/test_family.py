@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-
-from accel_plugin.demo.family import default_models_dir, load_family, load_prompts, route_labels, workload
+from accel_plugin.demo.family import (
+    default_models_dir,
+    load_family,
+    load_prompts,
+    route_labels,
+    workload,
+)
 
 TOY = default_models_dir().parent  # demo_models: the toy family
 
@@ -23,7 +28,8 @@ def test_smollm2_held_out_prompts_route_to_their_domain():
     (the template adds no word the YAML matches)."""
     family = load_family(default_models_dir())
     prompts = load_prompts(family)
-    assert set(prompts) == {"support", "code", "general"} and all(len(p) == 24 for p in prompts.values())
+    assert set(prompts) == {"support", "code", "general", "support-free", "repeat"}
+    assert all(len(p) == 24 for p in prompts.values())
     for name, draft in (("tuned", "support"), ("untuned", "support-untuned")):
         routes = route_labels(family.config_path(name), prompts)
         assert routes["support"] == {"routed": ["support"], "draft": draft}
@@ -41,3 +47,30 @@ def test_workload_keeps_the_poor_engine_cold_on_the_goal_domain():
     assert all(t["configs"] == ["plain", "tuned"] for t in timed if t["name"].startswith("code"))
     # warm-up and timed prompts are disjoint
     assert not {p for b in warmup["plain"] for p in b} & {p for t in timed for p in t["prompts"]}
+
+
+def test_a_prompt_set_whose_file_is_absent_is_skipped_not_fatal(tmp_path):
+    import json
+    import shutil
+
+    root = tmp_path / "fam"
+    shutil.copytree(default_models_dir(), root, ignore=shutil.ignore_patterns("drafts", "*-tune.jsonl"))
+    raw = json.loads((root / "family.json").read_text())
+    raw["prompts"]["later"] = "prompts/not-written-yet.jsonl"
+    (root / "family.json").write_text(json.dumps(raw))
+    family = load_family(root)
+    assert family.problems() == [] and family.missing_sets() == ["later"]
+    assert "later" not in load_prompts(family)
+    raw["prompts"]["support"] = "prompts/gone.jsonl"  # the goal domain's set must be there
+    (root / "family.json").write_text(json.dumps(raw))
+    assert any("gone.jsonl" in p for p in load_family(root).problems())
+
+
+def test_the_mixed_batch_takes_every_set_in_turn():
+    from accel_plugin.demo.family import mixed_batch
+
+    prompts = {d: [f"{d}{i}" for i in range(24)] for d in ("a", "b", "c")}
+    assert mixed_batch(prompts) == ["a0", "b0", "c0", "a1", "b1", "c1", "a2", "b2"]
+    _, timed = workload(prompts, 1, configs=["plain", "tuned", "untuned"], goal_domain="a", poor_config="untuned",
+                        mixed=True)
+    assert timed[-1] == {"name": "mixed|8|0", "prompts": mixed_batch(prompts), "configs": ["plain", "tuned"]}

@@ -6,7 +6,16 @@ import json
 
 import pytest
 
-from accel_plugin.demo.report import build_report, paired_ratio, per_round_ratios, render, summarise, verdicts
+from accel_plugin.demo.report import (
+    build_report,
+    paired_ratio,
+    per_round_ratios,
+    render,
+    summarise,
+    verdicts,
+)
+
+
 def _stats(steps, drafted, accepted, state="on", k=5, c=0.05, predicted=2.0, draft="d"):
     return {"steps": steps, "drafted": drafted, "accepted": accepted, "state": state, "k": k, "k_max": 5,
             "alpha": accepted / drafted if drafted else None, "cost_ratio": c, "propose_ms_per_step": 3.0,
@@ -105,3 +114,75 @@ def test_ratio_is_the_median_of_paired_rounds():
     assert paired_ratio(plain, spec) == pytest.approx(1.0)
     # the fastest runs alone would have said 0.95x
     assert min(spec["rounds"]) / min(plain["rounds"]) == pytest.approx(1.05)
+
+
+def _peer_results(ours: dict, ngram: dict, plain: dict):
+    plain_r = _result(plain, None)
+    stats = [{"support": _stats(10 * (i + 1), 50 * (i + 1), 40 * (i + 1)), "repeat": _stats(0, 0, 0)}
+             for i in range(len(ours))]
+    tuned = _result(ours, stats)
+    tuned["runs"][-1]["step_stats"] = {"1": {"gate": "on", "predicted_speedup": 1.9, "measured_speedup": 1.8,
+                                             "samples": 40, "plain_step_ms": 10.0, "cycle_ms": 20.0,
+                                             "draft_ms": 3.0, "host_ms": 0.4, "steps": 30},
+                                       "8": {"gate": "off", "predicted_speedup": 0.97, "measured_speedup": 0.96,
+                                             "samples": 12, "plain_step_ms": 12.0, "cycle_ms": 30.0,
+                                             "draft_ms": 5.0, "host_ms": 0.6, "steps": 5}}
+    ngram_r = _result(ngram, None)
+    ngram_r["method"] = "ngram"
+    routes = {"tuned": {label: {"routed": ["support"], "draft": "d"} for label, _ in ours}}
+    settings = {**SETTINGS, "skipped_peers": {"suffix": "arctic_inference is not importable"}}
+    return build_report({"plain": plain_r, "tuned": tuned, "ngram": ngram_r}, routes, settings, "support",
+                        peers=["ngram"])
+
+
+def test_peer_verdicts_and_issue23_goals_from_fake_numbers():
+    keys = [("support", 1), ("support", 8), ("repeat", 1), ("repeat", 8)]
+    report = _peer_results(ours=dict(zip(keys, (190.0, 500.0, 150.0, 380.0))),
+                           ngram=dict(zip(keys, (110.0, 400.0, 170.0, 386.0))),
+                           plain=dict(zip(keys, (100.0, 400.0, 100.0, 400.0))))
+    rows = {(r["domain"], r["batch"]): r for r in report["comparison"]}
+    assert rows[("support", 1)]["ours_ratio"] == pytest.approx(1.9)
+    assert rows[("support", 1)]["peers"]["ngram"]["ratio"] == pytest.approx(1.1)
+    assert rows[("support", 1)]["ahead_of_peers"] and rows[("support", 1)]["never_slower"]
+    assert not rows[("repeat", 1)]["ahead_of_peers"]  # 1.5 vs n-gram's 1.7
+    assert rows[("repeat", 8)]["ahead_of_peers"]  # 0.95 vs 0.965: within the 0.02 margin
+    assert not rows[("repeat", 8)]["never_slower"]  # 0.95x plain
+    goals = {g["goal"].split(":")[0]: g for g in report["goals23"]}
+    assert [g["met"] for g in report["goals23"]] == [False, False, True, True, False, None, True]
+    assert report["goals23"][0]["measured"] == pytest.approx(0.95) and len(goals) == 6
+    assert report["goals23"][1]["measured"] == pytest.approx(1.5 - 1.7)
+    assert report["goals23"][3]["measured"] == pytest.approx(1.25)  # 500 / 400 >= 1.2
+    assert report["goals23"][4]["measured"] == pytest.approx(min(1.5 - 1.7, 0.95 - 0.965))
+    assert "suffix not run" in report["goals23"][1]["detail"]
+    assert report["goals23"][5]["detail"] == "not measured"  # no support-free set in this run
+    text = render(report, {"tuned": "TUNED"})
+    assert "ours (tuned drafts) beside vLLM's own speculators" in text
+    assert "behind ngram" in text and "ahead of every peer" in text and "SLOWER than plain" in text
+    assert "suffix: not run (arctic_inference is not importable)" in text
+    assert "batch 8: predicted 0.97x, measured 0.96x, gate off" in text and "host 0.60 ms" in text
+    assert "(method ngram)" in text and "Goals of issue 23" in text
+    assert "\nngram\n" not in text  # a peer has no proposer table of its own
+    json.dumps(report)
+
+
+def test_issue23_goals_without_peers_or_sets_are_not_measured():
+    from accel_plugin.demo.compare import goals23
+
+    goals = goals23([], "support", skipped={"ngram": "asked not to"})
+    assert all(g["met"] is None for g in goals)
+    assert "ngram not run (asked not to)" in goals[1]["detail"]
+    from accel_plugin.demo.compare import step_lines
+
+    assert "batch 4: predicted -, measured -, gate warmup" in step_lines({"4": {"gate": "warmup"}})[0]
+    assert "not reported" in step_lines(None)[0]
+
+
+def test_differing_peer_outputs_miss_the_lossless_goal():
+    keys = [("support", 1)]
+    report = _peer_results(ours={keys[0]: 190.0}, ngram={keys[0]: 110.0}, plain={keys[0]: 100.0})
+    assert report["goals23"][-1]["met"] is True
+    from accel_plugin.demo.compare import goals23
+
+    report["comparison"][0]["peers"]["ngram"]["lossless"] = False
+    last = goals23(report["comparison"], "support")[-1]
+    assert last["met"] is False and last["measured"] == pytest.approx(0.5)

@@ -1,0 +1,145 @@
+"""`accel demo` against vLLM's own speculators: per prompt set and batch size,
+plain, ours (the tuned drafts) and each peer, verdicts, and the goals of issue 23.
+
+Framework-neutral; reads :func:`.report.build_report`'s ``configs`` (rows with the
+median paired ratio to plain decoding). A row is "ahead of every peer" when ours >=
+the best peer's ratio - :data:`PEER_MARGIN`, "never slower" when ours >=
+:data:`NEVER_SLOWER` x plain.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["GOALS23", "NEVER_SLOWER", "PEER_MARGIN", "comparison", "goals23", "render_comparison", "step_lines"]
+
+NEVER_SLOWER = 0.98
+PEER_MARGIN = 0.02
+#: issue 23's speed goals for the goal domain with the tuned drafts
+GOALS23 = {"support_b1": 1.8, "support_b8": 1.2, "free_acceptance_gap": 0.1}
+OURS = "tuned"
+
+
+def _rows(configs: dict, name: str) -> dict[tuple[str, int], dict]:
+    return {(r["domain"], r["batch"]): r for r in configs.get(name, {}).get("rows", [])}
+
+
+def comparison(configs: dict, peers: list[str]) -> list[dict[str, Any]]:
+    """One row per (prompt set, batch) that ours ran: plain and ours tok/s, each peer's
+    tok/s and ratio, the best peer, the verdicts, whether every output was lossless."""
+    ours = _rows(configs, OURS)
+    by_peer = {p: _rows(configs, p) for p in peers}
+    out = []
+    for key, row in ours.items():
+        peer = {p: by_peer[p].get(key) for p in peers}
+        ratios = {p: r["ratio"] for p, r in peer.items() if r and r["ratio"] is not None}
+        best = max(ratios, key=ratios.get) if ratios else None
+        ratio = row["ratio"]
+        out.append({
+            "domain": key[0], "batch": key[1], "plain_tokens_per_s": row["plain_tokens_per_s"],
+            "ours_tokens_per_s": row["spec_tokens_per_s"], "ours_ratio": ratio,
+            "peers": {p: None if r is None else {"tokens_per_s": r["spec_tokens_per_s"], "ratio": r["ratio"],
+                                                 "lossless": r["identical_outputs"] == r["outputs"]}
+                      for p, r in peer.items()},
+            "best_peer": best,
+            "ahead_of_peers": None if ratio is None else (best is None or ratio >= ratios[best] - PEER_MARGIN),
+            "never_slower": None if ratio is None else ratio >= NEVER_SLOWER,
+            "lossless": row["identical_outputs"] == row["outputs"],
+            "acceptance": row["acceptance"],
+        })
+    return out
+
+
+def _goal(name: str, value: float | None, target: float, detail: str) -> dict:
+    return {"goal": name, "target": target, "measured": value, "met": None if value is None else value >= target - 1e-9,
+            "detail": detail}
+
+
+def goals23(rows: list[dict], goal_domain: str, *, free_set: str = "support-free", repeat_set: str = "repeat",
+            lossless_required: bool = True, skipped: dict[str, str] | None = None) -> list[dict]:
+    """The goals of issue 23 from the :func:`comparison` rows: met True/False, None = not measured."""
+    at = {(r["domain"], r["batch"]): r for r in rows}
+    out = []
+    ratios = [r["ours_ratio"] for r in rows if r["ours_ratio"] is not None]
+    out.append(_goal(f"every row: ours >= {NEVER_SLOWER}x plain (worst row)", min(ratios, default=None), NEVER_SLOWER,
+                     f"{sum(bool(r['never_slower']) for r in rows)}/{len(rows)} rows"))
+    gaps = [r["ours_ratio"] - r["peers"][r["best_peer"]]["ratio"] for r in rows
+            if r["best_peer"] and r["ours_ratio"] is not None]
+    out.append(_goal(f"every row: ours >= best peer - {PEER_MARGIN} (worst margin over the best peer)",
+                     min(gaps, default=None), -PEER_MARGIN,
+                     f"{sum(bool(r['ahead_of_peers']) for r in rows if r['best_peer'])}/{len(gaps)} rows"
+                     + "".join(f"; {p} not run ({why})" for p, why in (skipped or {}).items())))
+    for batch, key in ((1, "support_b1"), (8, "support_b8")):
+        r = at.get((goal_domain, batch))
+        out.append(_goal(f"{goal_domain}, tuned, batch {batch}: tokens/s vs plain", r and r["ours_ratio"],
+                         GOALS23[key], "median of paired rounds" if r else "not measured"))
+    diffs = []
+    for batch in (1, 8):
+        r = at.get((repeat_set, batch))
+        ngram = r and (r["peers"].get("ngram") or {}).get("ratio")
+        if r and r["ours_ratio"] is not None and ngram is not None:
+            diffs.append((batch, r["ours_ratio"] - ngram))
+    out.append(_goal(f"{repeat_set}: ours >= n-gram's ratio at batch 1 and 8 (worst difference)",
+                     min((d for _, d in diffs), default=None), 0.0,
+                     ", ".join(f"batch {b} {d:+.2f}" for b, d in diffs) or f"not measured (needs the {repeat_set} "
+                     "set and the ngram peer)"))
+
+    def pooled(name: str) -> float | None:
+        values = [at[(name, b)]["acceptance"] for b in (1, 8) if (name, b) in at and at[(name, b)]["acceptance"]
+                  is not None]
+        return sum(values) / len(values) if values else None
+
+    a_free, a_tmpl = pooled(free_set), pooled(goal_domain)
+    out.append(_goal(f"{free_set} acceptance within {GOALS23['free_acceptance_gap']} of templated {goal_domain}",
+                     None if a_free is None or a_tmpl is None else a_free - a_tmpl, -GOALS23["free_acceptance_gap"],
+                     "not measured" if a_free is None or a_tmpl is None else f"{a_free:.2f} vs {a_tmpl:.2f}"))
+    flat = [r["lossless"] for r in rows] + [r["peers"]["ngram"]["lossless"] for r in rows if r["peers"].get("ngram")]
+    out.append(_goal("greedy outputs identical to plain in every row (ours and the ngram peer)",
+                     (sum(flat) / len(flat) if flat else None) if lossless_required else None, 1.0,
+                     f"{sum(flat)}/{len(flat)} runs identical" if lossless_required else "not required (not float32)"))
+    return out
+
+
+def _f(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render_comparison(rows: list[dict], peers: list[str], skipped: dict[str, str]) -> list[str]:
+    """The side-by-side table: per set and batch, plain, ours and each peer."""
+    head = f"  {'set':<13} {'batch':>5} {'plain tok/s':>11} {'ours':>7} {'ratio':>6}"
+    for p in peers:
+        head += f" {p:>7} {p + ' x':>8}"
+    head += "  verdict"
+    lines = ["", "ours (tuned drafts) beside vLLM's own speculators", head, "  " + "-" * (len(head) - 2)]
+    for r in rows:
+        line = (f"  {r['domain']:<13} {r['batch']:>5} {r['plain_tokens_per_s']:>11.1f} {r['ours_tokens_per_s']:>7.1f} "
+                f"{_f(r['ours_ratio'], '.2f') + 'x':>6}")
+        for p in peers:
+            v = r["peers"].get(p)
+            line += f" {_f(v and v['tokens_per_s'], '.1f'):>7} {_f(v and v['ratio'], '.2f') + 'x':>8}"
+        verdict = [("ahead of every peer" if r["ahead_of_peers"] else f"behind {r['best_peer']}")
+                   if r["best_peer"] else "no peer", "never slower" if r["never_slower"] else "SLOWER than plain"]
+        if not r["lossless"]:
+            verdict.append("outputs DIFFER")
+        lines.append(line + "  " + ", ".join(verdict))
+    lines += [f"  {p}: not run ({why})" for p, why in skipped.items()]
+    return lines
+
+
+def _x(stats: dict, key: str) -> str:
+    return "" if stats.get(key) is None else "x"
+
+
+def step_lines(step_stats: dict | None) -> list[str]:
+    """Predicted vs measured per batch bucket, from ``DomainProposer.step_stats``."""
+    if not step_stats:
+        return ["  step model: not reported by this proposer (no step_stats)"]
+    lines = []
+    for bucket in sorted(step_stats, key=int):
+        s = step_stats[bucket] or {}
+        lines.append(f"  batch {bucket}: predicted {_f(s.get('predicted_speedup'), '.2f')}{_x(s, 'predicted_speedup')}, "
+                     f"measured {_f(s.get('measured_speedup'), '.2f')}{_x(s, 'measured_speedup')}, gate {s.get('gate') or '-'}; per drafting step "
+                     f"propose() host {_f(s.get('host_ms'), '.2f')} ms beside draft forward "
+                     f"{_f(s.get('draft_ms'), '.2f')} ms ({s.get('steps') or 0} steps, "
+                     f"{s.get('samples') or 0} samples)")
+    return lines
