@@ -98,17 +98,30 @@ def _rows(result: dict, batch_size: int) -> list[list[str]]:
     return rows
 
 
+def _step_ms(run: dict) -> float | None:
+    """Median wall time of the configuration over its decode steps (prefills included: they are few)."""
+    return 1e3 * statistics.median(run["seconds"]) / run["steps"] if run.get("steps") else None
+
+
 def _notes(result: dict, batch_size: int) -> str:
-    """What the controller measured for the support draft at this batch size (its view of the costs)."""
-    s = result["models"]["smollm2"]["runs"]["spec"]["stats"]["support"]
+    """What the controller measured for the support draft at this batch size (its view of the costs), and
+    the share of the step spent in propose() (the core's call: draft forwards plus its host work)."""
+    runs = result["models"]["smollm2"]["runs"]
+    s = runs["spec"]["stats"]["support"]
     bucket = min(s["costs_by_bucket"], key=lambda b: abs(int(b) - batch_size), default=None)
     costs = s["costs_by_bucket"].get(bucket, {})
     fmt = lambda v, f: "n/a" if v is None else format(v, f)
-    return (f"batch {batch_size}, support draft (controller, batch bucket {bucket}): alpha {fmt(s['alpha'], '.2f')}, "
+    plain_ms, spec_ms, propose_ms = _step_ms(runs["plain"]), _step_ms(runs["spec"]), s["propose_ms_per_step"]
+    share = propose_ms / spec_ms if propose_ms is not None and spec_ms else None
+    line = (f"batch {batch_size}, support draft (controller, batch bucket {bucket}): alpha {fmt(s['alpha'], '.2f')}, "
             f"k {costs.get('k')}, c {fmt(costs.get('c'), '.3f')} (weight-size ratio {fmt(s['cost_ratio_size'], '.3f')}), "
             f"v {fmt(costs.get('v'), '.3f')}, predicted S {fmt(costs.get('expected_speedup'), '.2f')}; "
-            f"one draft forward {fmt(s['draft_forward_ms'], '.1f')} ms, propose() {fmt(s['propose_ms_per_step'], '.1f')} "
-            "ms per step")
+            f"one draft forward {fmt(s['draft_forward_ms'], '.1f')} ms, propose() {fmt(propose_ms, '.1f')} "
+            f"ms per step, {fmt(share, '.0%')} of the {fmt(spec_ms, '.1f')} ms step (plain step {fmt(plain_ms, '.1f')} ms)")
+    step_stats = runs["spec"].get("step_stats")  # the proposer's step gate, where the script reports it
+    if step_stats:
+        line += "; step gate: " + json.dumps(step_stats)
+    return line
 
 
 def main() -> None:

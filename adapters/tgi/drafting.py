@@ -81,13 +81,13 @@ def _read_rows(batch, rows: list[int], starts: list[int], num_tokens: np.ndarray
         block = all_ids[[rows[j] for j in fresh], :width].cpu().numpy()
         out.update({j: (0, block[r, : int(num_tokens[j])]) for r, j in enumerate(fresh)})
     seen = [j for j, start in enumerate(starts) if start >= 0]
-    if seen:  # the new ids only: one gather on the device of [rows, widest gain]
-        start = torch.tensor([starts[j] for j in seen], dtype=torch.long)
-        gain = torch.tensor([int(num_tokens[j]) for j in seen], dtype=torch.long) - start
+    if seen:  # the new ids only: one gather on the device of [rows, widest gain], indices built on the host
+        start = np.array([starts[j] for j in seen], dtype=np.int64)
+        gain = num_tokens[seen] - start
         width = max(1, int(gain.max()))
-        cols = (start[:, None] + torch.arange(width)).clamp_(max=all_ids.shape[1] - 1)
-        flat = torch.tensor([rows[j] for j in seen], dtype=torch.long)[:, None] * all_ids.shape[1] + cols
-        block = torch.take(all_ids, flat.to(all_ids.device)).cpu().numpy()
+        cols = np.minimum(start[:, None] + np.arange(width), all_ids.shape[1] - 1)
+        flat = np.array([rows[j] for j in seen], dtype=np.int64)[:, None] * all_ids.shape[1] + cols
+        block = torch.take(all_ids, torch.from_numpy(flat).to(all_ids.device)).cpu().numpy()
         out.update({j: (starts[j], block[r, : int(gain[r])]) for r, j in enumerate(seen)})
     return TokenRows(out)
 
@@ -198,8 +198,10 @@ class TGIDraftSpeculation:
         if not rows or limit <= 0:
             self._seen = {}
             return None
-        lengths = (batch.cache_lengths_tensor + 1).tolist()  # verified tokens, the last sampled one included
-        num_tokens = np.array([lengths[i] for i in rows], dtype=np.int64)
+        # one transfer: the verified lengths (the last sampled token included) and the last ids (the pads)
+        lengths, last_ids = torch.stack([batch.cache_lengths_tensor.to(torch.int64) + 1,
+                                         batch.input_ids.to(torch.int64)]).cpu().numpy()
+        num_tokens = lengths[rows]
         ids = [requests[i].id for i in rows]
         starts = [self._seen.get(rid, -1) for rid in ids]  # -1: a request the proposer has not seen
         token_rows = _read_rows(batch, rows, starts, num_tokens)
@@ -214,17 +216,16 @@ class TGIDraftSpeculation:
             return None
         # Any id is correct as a pad (TGI verifies exactly); a pad the target happens to
         # choose is a free token, counted apart from the drafts (StepCounters.pad_accepted).
-        out = np.repeat(np.asarray(batch.input_ids.tolist(), dtype=np.int64)[:, None], width, axis=1)
+        out = [[pad] * width for pad in last_ids.tolist()]  # rows left out or without drafts: pads only
         for j, i in enumerate(rows):
-            row = list(drafts[j][:width])
+            row = drafts[j][:width]
             if row:
-                out[i, : len(row)] = row
-                out[i, len(row):] = row[-1]
+                out[i] = [*row, *[row[-1]] * (width - len(row))]
             self._last_k[requests[i].id] = len(row)
         real = sum(self._last_k.values())
         self.counters.draft_tokens += real
         self.counters.pad_tokens += width * len(requests) - real
-        return torch.from_numpy(out).to(batch.input_ids.device)
+        return torch.tensor(out, dtype=torch.int64, device=batch.input_ids.device)  # one copy to the device
 
     # ---------------------------------------------------------------- reading
 
