@@ -31,7 +31,7 @@ for the masks of mixed-length prefill.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -69,6 +69,10 @@ class Plan:
     empty_rows: torch.Tensor | None  #: bool [batch, max_q, 1, 1]: real rows that see no key (None: none)
     #: paged: int64 [batch * blocks] block ids to gather; varlen: int64 [batch * max_k] key rows (None: view)
     kv_index: torch.Tensor | None
+    #: paged: (first, bool [batch, max_k - first, 1, 1]) the gathered slots from ``first`` on that are
+    #: past their sequence's length (None: none). They hold whatever the cache holds there (TGI
+    #: allocates it with torch.empty): masked scores alone let a NaN through as 0 * NaN in P @ V.
+    stale: tuple[int, torch.Tensor] | None = None
     derived: dict = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -125,7 +129,12 @@ def plan_paged(cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, block_table: 
     blocks = int((k_lens.max() + block_size - 1) // block_size) if k_lens.numel() else 0
     used = torch.arange(blocks, device=k_lens.device)[None, :] < ((k_lens + block_size - 1) // block_size)[:, None]
     ids = torch.where(used, block_table[:, :blocks].long(), 0).flatten()
-    return _plan(q_lens, k_lens, cu[:-1], blocks * block_size, causal, window_size, ids)
+    plan = _plan(q_lens, k_lens, cu[:-1], blocks * block_size, causal, window_size, ids)
+    first = int(k_lens.min()) if k_lens.numel() else 0
+    if first < plan.max_k:
+        past = torch.arange(first, plan.max_k, device=k_lens.device)[None, :] >= k_lens[:, None]
+        plan = replace(plan, stale=(first, past[:, :, None, None]))
+    return plan
 
 
 def plan_varlen(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, causal: bool,
@@ -262,7 +271,11 @@ def paged_attention(q, k_cache, v_cache, plan: Plan, softmax_scale: float, softc
     if out is None:
         out = torch.zeros_like(q)
     if plan.batch and plan.max_q and q.shape[0]:
-        k, v = _gather_blocks(k_cache, v_cache, plan)
+        k, v = _gather_blocks(k_cache, v_cache, plan)  # fresh tensors: zeroing their stale slots is safe
+        if plan.stale is not None:
+            first, past = plan.stale
+            k[:, first:].masked_fill_(past, 0.0)
+            v[:, first:].masked_fill_(past, 0.0)
         o, _ = _attend(_pad_queries(q, plan), k, v, plan, softmax_scale, softcap, False)
         _scatter(o.to(q.dtype), plan, out)
     return out

@@ -30,8 +30,20 @@ def cu_seqlens(lens):
     return torch.tensor([0, *torch.tensor(lens, dtype=torch.long).cumsum(0).tolist()], dtype=torch.int32)
 
 
+def poison_unwritten(caches, table, seq_lens, block_size):
+    """NaN in every slot no sequence wrote, as an uninitialised cache (TGI's torch.empty) may hold:
+    a masked key must not reach the output through 0 * NaN."""
+    written = torch.zeros(caches[0].shape[:2], dtype=torch.bool)
+    for b, n in enumerate(seq_lens):
+        pos = torch.arange(n)
+        written[table[b, pos // block_size].long(), pos % block_size] = True
+    for cache in caches:
+        cache[~written] = float("nan")
+
+
 def paged_inputs(gen, q_lens, seq_lens, heads, head_dim, block_size, dtype, pad_rows=0, combined=False):
-    """Shuffled blocks, a foreign block after each sequence's last (reading past seq_len shows)."""
+    """Shuffled blocks, a foreign block after each sequence's last (reading past seq_len shows),
+    NaN in every slot past a sequence's length."""
     num_heads, num_kv_heads = heads
     used = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(used) + 2
@@ -47,6 +59,7 @@ def paged_inputs(gen, q_lens, seq_lens, heads, head_dim, block_size, dtype, pad_
     else:
         k_cache = randn(gen, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype)
         v_cache = randn(gen, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype)
+    poison_unwritten((kv,) if combined else (k_cache, v_cache), table, seq_lens, block_size)
     q = randn(gen, sum(q_lens) + pad_rows, num_heads, head_dim, dtype=dtype)
     return q, k_cache, v_cache, cu_seqlens(q_lens), torch.tensor(seq_lens, dtype=torch.int32), table
 
@@ -71,7 +84,7 @@ def check_paged(q, k_cache, v_cache, cu, lens, table, causal, window, softcap, d
     args = (cu, lens, table, int((cu[1:] - cu[:-1]).max()), int(lens.max()))
     ref = reference.paged_attention(q.double(), k_cache.double(), v_cache.double(), *args, **opts)
     lowp = LOWP.paged(q, k_cache, v_cache, cu, lens, table, **opts)
-    score = tolerance.max_score(q, k_cache, softcap=softcap)
+    score = tolerance.max_score(q, k_cache.nan_to_num(0.0), softcap=softcap)
     assert_close(out[:n], ref[:n], lowp[:n], dtype, score)
 
 
@@ -172,6 +185,8 @@ def test_one_plan_serves_every_layer_of_a_step():
     _, _, _, cu, lens, table = paged_inputs(gen, [1, 2, 1], [33, 70, 5], (9, 3), 64, 32, torch.float32)
     for layer in range(3):  # the step's metadata, each layer's own queries and cache
         q, k_cache, v_cache, *_ = paged_inputs(gen, [1, 2, 1], [33, 70, 5], (9, 3), 64, 32, torch.float32)
+        k_cache, v_cache = k_cache.nan_to_num(0.5), v_cache.nan_to_num(0.5)  # written by another table
+        poison_unwritten((k_cache, v_cache), table, lens.tolist(), 32)
         got = run_paged(q, k_cache, v_cache, cu, lens, table, True, (-1, -1), 0.0, plans=plans)
         ref = reference.paged_attention(q, k_cache, v_cache, cu, lens, table, 2, 70)
         torch.testing.assert_close(got, ref)
