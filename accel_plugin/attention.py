@@ -256,7 +256,21 @@ class _AccelAttention:
         # A window of N tokens includes the query itself: flash-attn's (N - 1, 0).
         self.window_size = (-1, -1) if not sliding_window else (int(sliding_window) - 1, 0)
         self.softcap = float(softcap or 0.0)
-        self._kernels = kernels
+        # Bound once: the package resolves its names lazily (PEP 562), a cost on every layer call.
+        self._flash_fn = kernels.flash_attn_varlen_func
+        self._paged_fn = kernels.paged_attention
+        self._write_fn = kernels.write_kv_cache
+        self._native_cpu_ops = kernels.native_cpu_ops
+        self._native_max_q = kernels.NATIVE_MAX_Q
+        self._cpu_mode = kernels.runtime_mode("cpu")  # fixed per process: TRITON_INTERPRET is read at import
+
+    def _native(self, t: torch.Tensor):
+        """The native CPU kernels where they serve ``t`` (a CPU tensor, no Triton interpreter, the
+        kernels built), else None. They check every argument themselves, so the per-layer path
+        calls them without the public functions' Python validation."""
+        if t.device.type != "cpu" or self._cpu_mode != "torch":
+            return None
+        return self._native_cpu_ops()
 
     def plan_batch(self, **kwargs) -> AttentionBatch:
         """:func:`plan_batch` with this backend's split rule."""
@@ -272,7 +286,11 @@ class _AccelAttention:
     ) -> None:
         """Store ``key``/``value`` ``[T, Hkv, D]`` at ``slot_mapping`` (int64 ``[T]``, -1 = skip)."""
         n = slot_mapping.shape[0]
-        self._kernels.write_kv_cache(key[:n], value[:n], k_cache, v_cache, slot_mapping)
+        native = self._native(key)
+        if native is not None:
+            native.write_kv_cache(key[:n], value[:n], k_cache, v_cache, slot_mapping)
+        else:
+            self._write_fn(key[:n], value[:n], k_cache, v_cache, slot_mapping)
 
     def forward(
         self,
@@ -304,7 +322,7 @@ class _AccelAttention:
         rows = group.rows
         q, k, v = (_take(t, rows) for t in (query, key, value))
         out = output[rows] if isinstance(rows, slice) else None
-        result = self._kernels.flash_attn_varlen_func(
+        result = self._flash_fn(
             q, k, v, group.cu_seqlens_q, group.cu_seqlens_q, group.max_seqlen_q, group.max_seqlen_q,
             softmax_scale=self.scale, causal=True, window_size=self.window_size, softcap=self.softcap,
             plans=group.cpu_plans, **({"out": out} if out is not None else {}),
@@ -315,7 +333,14 @@ class _AccelAttention:
         rows = group.rows
         q = _take(query, rows)
         out = output[rows] if isinstance(rows, slice) else None
-        result = self._kernels.paged_attention(
+        native = self._native(query) if group.max_seqlen_q <= self._native_max_q else None
+        if native is not None:
+            result = out if out is not None else torch.zeros_like(q)
+            native.paged_attention(result, q, k_cache, v_cache, group.cu_seqlens_q, group.seq_lens,
+                                   group.block_table, self.scale, self.softcap, self.window_size[0], 0)
+            _put(output, rows, result, out)
+            return
+        result = self._paged_fn(
             q, k_cache, v_cache, group.cu_seqlens_q, group.seq_lens, group.block_table,
             group.max_seqlen_q, group.max_seq_len, softmax_scale=self.scale, causal=True,
             window_size=self.window_size, softcap=self.softcap, out=out, plans=group.cpu_plans,

@@ -6,12 +6,14 @@
 Model: SmolLM2-135M-Instruct (``accel models path smollm2``; 9 query / 3 KV heads, head
 size 64), greedy, ``ignore_eos``, no speculation, block size 32 (CPU_ATTN's), eager.
 Each engine runs in its own process (``--worker``), all of them started and warmed up
-first; then per batch size the engines run one after another, the order rotating, so
-only one uses the CPU at a time. Printed per dtype and batch: generated tokens/s per
-engine, each accel engine's ratio to CPU_ATTN, whether its greedy ids equal CPU_ATTN's,
-and the attention backend every engine really used, read back from its worker. On
-CPU the accel engines run the kernels' torch CPU path (``TRITON_INTERPRET`` is
-removed from the workers' environment). One run: numbers from a shared machine move.
+first; then per round and batch size the engines run one after another, the order rotating,
+so only one uses the CPU at a time. Printed per dtype and batch: generated tokens/s per
+engine (the median round), each accel engine's ratio to CPU_ATTN (the median of the rounds'
+paired ratios), whether its greedy ids equal CPU_ATTN's in every round, and the attention
+backend every engine really used, read back from its worker. On CPU the accel engines run
+the native CPU kernels where they build, else the kernels' torch CPU path (each worker's
+start-up line names which; ``TRITON_INTERPRET`` is removed from the workers' environment).
+One run: numbers from a shared machine move.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -96,42 +99,50 @@ class _Engine:
             self.proc.wait(timeout=120)
 
 
-def run(dtype: str, batches: list[int], model: str, max_tokens: int, kv_bytes: int) -> list[dict]:
+def run(dtype: str, batches: list[int], model: str, max_tokens: int, kv_bytes: int, rounds: int) -> list[dict]:
     args = {"model": model, "dtype": dtype, "batches": batches, "max_tokens": max_tokens, "kv_bytes": kv_bytes}
     engines = {}
     try:
         for label, backend in ENGINES.items():
             engines[label] = _Engine(label, backend, args)
             print(f"  {dtype}: {label} ready, backends {engines[label].ready['backends']}", file=sys.stderr)
-        rows = []
         labels = list(engines)
-        for i, batch in enumerate(batches):
-            order = labels[i % len(labels):] + labels[:i % len(labels)]
-            results = {label: engines[label].run(batch) for label in order}
-            rows.append({"dtype": dtype, "batch": batch, "results": results,
-                         "backends": {label: e.ready["backends"] for label, e in engines.items()}})
+        rows = [{"dtype": dtype, "batch": batch, "rounds": [],
+                 "backends": {label: e.ready["backends"] for label, e in engines.items()}} for batch in batches]
+        for r in range(rounds):
+            for i, row in enumerate(rows):
+                shift = (i + r) % len(labels)  # who goes first rotates with the batch and the round
+                order = labels[shift:] + labels[:shift]
+                row["rounds"].append({label: engines[label].run(row["batch"]) for label in order})
         return rows
     finally:
         for engine in engines.values():
             engine.close()
 
 
+def _rate(result: dict) -> float:
+    return result["tokens"] / result["seconds"]
+
+
 def table(rows: list[dict]) -> str:
+    """tok/s: the median round; ratio: the median of the rounds' paired ratios (same round, engines
+    back to back); greedy ids: equal to CPU_ATTN's in every round."""
     lines = ["| dtype | batch | CPU_ATTN tok/s | ACCEL_FLASH tok/s | ACCEL_PAGED tok/s | greedy ids equal |",
              "|---|---|---|---|---|---|"]
     for row in rows:
-        res = row["results"]
-        stock = res["CPU_ATTN"]["tokens"] / res["CPU_ATTN"]["seconds"]
-        cells = [f"{stock:.1f}"]
+        rounds = row["rounds"]
+        cells = [f"{statistics.median(_rate(r['CPU_ATTN']) for r in rounds):.1f}"]
         same = []
         for label in ("ACCEL_FLASH", "ACCEL_PAGED"):
-            rate = res[label]["tokens"] / res[label]["seconds"]
-            cells.append(f"{rate:.1f} ({rate / stock:.2f}x)")
-            same.append("yes" if res[label]["ids"] == res["CPU_ATTN"]["ids"] else "NO")
+            rate = statistics.median(_rate(r[label]) for r in rounds)
+            ratio = statistics.median(_rate(r[label]) / _rate(r["CPU_ATTN"]) for r in rounds)
+            cells.append(f"{rate:.1f} ({ratio:.2f}x)")
+            same.append("yes" if all(r[label]["ids"] == r["CPU_ATTN"]["ids"] for r in rounds) else "NO")
         lines.append(f"| {row['dtype']} | {row['batch']} | {' | '.join(cells)} | {' / '.join(same)} |")
     backends = rows[0]["backends"] if rows else {}
     lines.append("")
-    lines.append("backends read back: " + ", ".join(f"{k} -> {'/'.join(v)}" for k, v in backends.items()))
+    lines.append(f"{len(rows[0]['rounds']) if rows else 0} round(s); backends read back: "
+                 + ", ".join(f"{k} -> {'/'.join(v)}" for k, v in backends.items()))
     return "\n".join(lines)
 
 
@@ -142,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32, 64])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--kv-cache-mb", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per batch size (median reported)")
     parser.add_argument("--model", help="model directory (default: accel models path smollm2)")
     args = parser.parse_args(argv)
     if args.worker:
@@ -156,9 +168,11 @@ def main(argv: list[str] | None = None) -> int:
         model = str(path)
     if min(args.batches) < 1:
         parser.error(f"--batches must be >= 1; got {args.batches}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1; got {args.rounds}")
     rows = []
     for dtype in args.dtypes:
-        rows += run(dtype, args.batches, model, args.max_tokens, args.kv_cache_mb * 2**20)
+        rows += run(dtype, args.batches, model, args.max_tokens, args.kv_cache_mb * 2**20, args.rounds)
         print(f"  {dtype} done:\n{table(rows[-len(args.batches):])}", file=sys.stderr, flush=True)
     print(table(rows))
     return 0

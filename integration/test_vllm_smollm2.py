@@ -145,7 +145,7 @@ def assert_backends_read_back(runs):
                          r"kernels: (.*)", runs[label]["log"])
         assert line, f"{label}: no INFO line naming the backend:\n{runs[label]['log'][-3000:]}"
         assert "TRITON_INTERPRET=1" not in line.group(1), line.group(0)
-        assert "torch CPU path (SDPA, batched)" in line.group(1), line.group(0)
+        assert "native C++ CPU kernel (paged decode, OpenMP) + torch CPU path" in line.group(1), line.group(0)
 
 
 def assert_same_tokens(runs, max_tokens):

@@ -37,6 +37,8 @@ _LAZY = {
     "write_kv_cache": "kv_cache",
     "paged_attention": "paged_attn",
     "auto_num_splits": "paged_attn",
+    "native_cpu_ops": "cpu_attention",
+    "NATIVE_MAX_Q": "cpu_attention",
     "split_workspace_numel": "paged_attn",
 }
 
@@ -56,6 +58,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "limits",
+    "native_cpu_ops",
+    "NATIVE_MAX_Q",
     "MAX_BLOCK_SIZE",
     "MIN_BLOCK_SIZE",
     "SUPPORTED_DTYPES",

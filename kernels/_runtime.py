@@ -154,9 +154,9 @@ def runtime_mode_reason(device: str | torch.device | None = None) -> str:
 
 
 def _cpu_path_name() -> str:
-    from .cpu_attention import NAME
+    from .cpu_attention import path_name
 
-    return NAME
+    return path_name()
 
 
 _warned = False

@@ -24,6 +24,13 @@ CPU tensors without ``TRITON_INTERPRET``), built for speed rather than clarity
 * No mask tensor where none is needed: fresh prompts of one length use SDPA's own
   causal mask, and a decode batch whose sequences all fill their blocks none.
 
+* Short queries (decode, speculative verification, small chunks: at most
+  :data:`NATIVE_MAX_Q` per sequence) and the KV write go to the native C++ kernels
+  (:mod:`.cpu_native`) when they could be built: they read the paged cache in place
+  through the block table, with no gather, no padding and no plan. This module's torch
+  path serves the rest (prefill, where SDPA's blocked matmuls win) and everything where
+  the native kernels cannot be built.
+
 Limits: those of the kernels (:mod:`~accel_plugin.kernels.limits`); memory grows
 with ``batch x longest sequence`` (padding), not with the square of a length except
 for the masks of mixed-length prefill.
@@ -31,16 +38,51 @@ for the masks of mixed-length prefill.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["NAME", "Plan", "flash_attn_varlen", "paged_attention", "plan_paged", "plan_varlen", "run_paged", "run_varlen",
-           "write_kv_cache"]
+from . import cpu_native
+
+__all__ = ["NAME", "NATIVE_MAX_Q", "Plan", "flash_attn_varlen", "native_cpu_ops", "native_disabled", "paged_attention",
+           "path_name",
+           "plan_paged", "plan_varlen", "run_paged", "run_varlen", "write_kv_cache"]
 
 #: What ``accel doctor`` and the frameworks' start-up lines call this path.
 NAME = "torch CPU path (SDPA, batched)"
+#: Paged calls whose sequences have at most this many queries each run the native kernel.
+#: Measured on SmolLM2's shapes (9 / 3 heads, head 64): the native kernel wins at every
+#: decode and verify size; SDPA's blocked matmuls win on long prompts.
+NATIVE_MAX_Q = 512
+_use_native = [True]
+
+
+@contextmanager
+def native_disabled():
+    """Within the block, this process's calls take the torch path only (tests, benchmarks)."""
+    before = _use_native[0]
+    _use_native[0] = False
+    try:
+        yield
+    finally:
+        _use_native[0] = before
+
+
+def native_cpu_ops():
+    """``torch.ops.accel_cpu`` (the native kernels, :mod:`.cpu_native`), or None: disabled
+    (:func:`native_disabled`) or not buildable here. Its ops check their arguments themselves
+    (shapes, dtypes, every index read), so a framework's per-layer path may call them directly."""
+    return cpu_native.load() if _use_native[0] else None
+
+
+
+def path_name() -> str:
+    """What serves CPU calls in this process: the native kernels with the torch path, or the torch path."""
+    if cpu_native.load() is not None:
+        return f"{cpu_native.NAME} + {NAME} for prefill"
+    return NAME
 #: Queries of at most this many rows per kv head (group x q_len) are regrouped per kv head.
 GROUPED_ROWS = 64
 #: The fp32 matmul path computes at most this many scores at a time.
@@ -282,7 +324,12 @@ def paged_attention(q, k_cache, v_cache, plan: Plan, softmax_scale: float, softc
 
 
 def write_kv_cache(k, v, k_cache, v_cache, slot_mapping) -> None:
-    """:func:`~accel_plugin.kernels.write_kv_cache` on validated inputs: one index_copy per cache."""
+    """:func:`~accel_plugin.kernels.write_kv_cache` on validated inputs: the native kernel, else one
+    index_copy per cache."""
+    native = native_cpu_ops()
+    if native is not None:
+        native.write_kv_cache(k, v, k_cache, v_cache, slot_mapping.contiguous())
+        return
     slots = slot_mapping.long()
     if slots.numel() and int(slots.min()) < 0:
         keep = slots >= 0
@@ -311,7 +358,19 @@ def run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, params, causal: bool, return
 
 def run_paged(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_table, params, causal: bool, out=None,
               plans: dict | None = None):
-    """:func:`paged_attention` with its plan taken from, or stored in, ``plans`` (see :func:`run_varlen`)."""
+    """:func:`paged_attention` on the native kernel for short queries, else with its plan taken from,
+    or stored in, ``plans`` (see :func:`run_varlen`)."""
+    native = native_cpu_ops() if params.max_seqlen_q <= NATIVE_MAX_Q else None
+    if native is not None:
+        if out is None:
+            out = torch.zeros_like(q)
+        if q.shape[0] and seq_lens.shape[0]:
+            native.paged_attention(out, q, k_cache, v_cache, cu_seqlens_q.contiguous(), seq_lens.contiguous(),
+                                   block_table, params.softmax_scale, params.softcap, params.window_left,
+                                   0 if causal else params.window_right)
+        if plans is not None:
+            plans["native"] = True  # the step's contents were checked once: later layers skip that
+        return out
     window = (params.window_left, params.window_right)
     key = ("paged", causal, window, k_cache.shape[1])
     plan = None if plans is None else plans.get(key)

@@ -132,10 +132,15 @@ class ReferenceKernels:
     write_kv_cache = staticmethod(reference.write_kv_cache)
 
 
-def run(step: Step, backend: str, module) -> tuple[torch.Tensor, object]:
+def run(step: Step, backend: str, module, native_cpu: bool = False) -> tuple[torch.Tensor, object]:
     impl = BACKENDS[backend](num_heads=NUM_HEADS, head_size=HEAD_DIM, num_kv_heads=NUM_KV_HEADS,
                              scale=HEAD_DIM ** -0.5)
-    impl._kernels = module  # the reference (fast, float64) or the Triton kernels
+    if module is not kernels:  # the reference (fast, float64) behind the kernels' signatures
+        impl._flash_fn, impl._paged_fn = module.flash_attn_varlen_func, module.paged_attention
+        impl._write_fn, impl._native_cpu_ops = module.write_kv_cache, lambda: None
+    elif native_cpu:  # the per-layer path of a process without the interpreter: the native CPU ops
+        impl._cpu_mode = "torch"
+        impl._flash_fn = ReferenceKernels.flash_attn_varlen_func  # fresh prompts: not what is tested here
     batch = impl.plan_batch(**step.plan_args)
     impl.write_kv(step.key, step.value, step.k_cache, step.v_cache, step.slot_mapping)
     output = torch.full_like(step.query, SENTINEL)
@@ -198,6 +203,21 @@ def _kernel_device() -> torch.device:
 def test_the_triton_kernels_too(backend, case):
     step = Step(case, torch.float32, _kernel_device())
     output, batch = run(step, backend, kernels)
+    check(step, output, batch, backend, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@example(case=MIXED)
+@example(case={**MIXED, "shared_cache_layer": True})
+@given(case=steps())
+def test_the_native_cpu_kernels_too(backend, case):
+    """The per-layer path calls the native ops directly (KV write and paged attention), as in a
+    vLLM or TGI process without TRITON_INTERPRET (fresh prompts: the reference here)."""
+    if kernels.native_cpu_ops() is None:
+        pytest.fail("the native CPU kernels did not build here (tests/kernels/test_cpu_attention.py says why)")
+    step = Step(case, torch.float32, torch.device("cpu"))
+    output, batch = run(step, backend, kernels, native_cpu=True)
     check(step, output, batch, backend, atol=1e-4)
 
 

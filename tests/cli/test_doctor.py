@@ -67,7 +67,8 @@ def test_doctor_kernel_mode_follows_triton_interpret(interpret, expected):
     report = json.loads(proc.stdout)
     assert report["kernels"]["mode"] == expected, report["kernels"]
     if expected == "torch":  # the CPU path is named by what it is
-        assert report["kernels"]["reason"].endswith("torch CPU path (SDPA, batched)"), report["kernels"]
+        assert report["kernels"]["reason"].endswith("native C++ CPU kernel (paged decode, OpenMP) + torch CPU path "
+                                                   "(SDPA, batched) for prefill"), report["kernels"]
 
 
 def test_doctor_lists_the_domain_proposer():
