@@ -35,13 +35,6 @@ constexpr int kMaxHeadDim = 256;
 constexpr int kRows = 16;   // query rows per work item (a GQA group x queries of a sequence)
 constexpr int kChunk = 32;  // keys scored before each online-softmax update
 
-inline float to_float(float x) { return x; }
-inline float to_float(c10::BFloat16 x) {
-  uint32_t bits = static_cast<uint32_t>(x.x) << 16;  // bf16 is the top half of an fp32
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
 inline float to_float(c10::Half x) { return static_cast<float>(x); }
 
 template <typename T>
