@@ -34,8 +34,8 @@ Per domain and bucket the controller decides on or off and k:
 
 Per step, the step model (:func:`.step_gate.plan_step`, given every row's domain)
 drops domains whose drafting costs the step more than its rows gain; the measured
-step gate (:class:`.step_gate.StepGate`) wins over all: at a bucket it switched off,
-no row drafts but its probes. Calibration steps come every other step until a
+step gate (:class:`.step_gate.StepGate`) wins over all: at a bucket and domain mix
+it switched off, no row drafts but its probes. Calibration steps come every other step until a
 bucket has ``gate_min_samples`` samples, every 8th until ``gate_window``.
 """
 
@@ -72,6 +72,8 @@ _K_MARGIN = 0.01
 _GATE_CALIBRATION = 8
 #: timed cycles of a bucket after which the gate's early calibration stops (rows never pair)
 _GATE_EARLY_CYCLES = (64, 512)
+#: fixed states of an entry that never drafts (not part of a step's domain mix)
+_NEVER_DRAFTS = (DomainState.NO_DRAFT, DomainState.FAILED)
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -125,6 +127,7 @@ class DomainController:
         self.gate = StepGate(cfg)
         self.gated = False  #: the step gate keeps the current step from drafting
         self._plan: dict[str, int] | None = None  #: the step model's k per domain, this step
+        self._mix: frozenset = frozenset()  #: the current step's domain mix (entries that may draft)
         self.predicted: float | None = None  #: the step model's S_step for this step
 
     # ---------------------------------------------------------------- measurement
@@ -212,7 +215,9 @@ class DomainController:
         for d in self._domains.values():
             self._decide(d, b)
         names = set(row_domains) if row_domains is not None else self._domains if domains is None else domains
-        verdict = self.gate.begin(b) if self._gating else GateState.WARMUP
+        # the step's domain mix: its entries that may draft (the gate keeps a verdict per mix)
+        self._mix = mix = frozenset(n for n in names if self._domains[n].fixed not in _NEVER_DRAFTS)
+        verdict = self.gate.begin(b, mix) if self._gating else GateState.WARMUP
         if verdict == GateState.OFF:
             self.gated = True
             return
@@ -252,8 +257,8 @@ class DomainController:
             return False
         if self.costs.overhead_samples(bucket) < MIN_PAIRS:
             interval = min(interval, _EARLY_CALIBRATION)
-        elif self._gating and 0 < (cycles := self.gate.timed_cycles(bucket)) < _GATE_EARLY_CYCLES[1]:
-            samples = self.gate.samples(bucket)
+        elif self._gating and 0 < (cycles := self.gate.timed_cycles(bucket, self._mix)) < _GATE_EARLY_CYCLES[1]:
+            samples = self.gate.samples(bucket, self._mix)
             if samples < self.cfg.gate_min_samples and cycles < _GATE_EARLY_CYCLES[0]:
                 interval = min(interval, _EARLY_CALIBRATION)
             elif samples < self.cfg.gate_window:

@@ -7,7 +7,14 @@ next call receives (the sum of ``len(sampled_token_ids[i])``). A cycle is a
 *drafting* one when its call proposed any draft, else *plain*; cycles after a
 prefill or an idle engine are not timed (and break the pairing).
 
-**Samples.** At each batch bucket (:func:`.costs.batch_bucket`) a drafting cycle is
+**Keys.** Cycles, samples and the verdict are kept per *key*: the step's batch
+bucket (:func:`.costs.batch_bucket`) and its *domain mix*, the set of entries
+(domains, ``<domain>/lookup``) of its rows that may draft. A bucket where one mix
+pays and another loses (a support batch against a code batch of the same size)
+gets one verdict per mix, not their pooled median. The readings
+(:meth:`StepGate.stats`) are per bucket, with each mix's verdict under ``mixes``.
+
+**Samples.** At each key a drafting cycle is
 paired with the nearest plain cycle of the same number of rows at most
 :data:`ADJACENT` timed cycles away (calibration steps and the controller's own
 plain steps make them): one sample of the measured step speedup, ``(tokens/s of the
@@ -15,12 +22,12 @@ drafting cycle) / (tokens/s of the plain one)``. Same rows, so that both cycles 
 the same work but for drafting; moments apart, so that a slow spell of a shared
 machine slows both.
 
-**Gate.** Per bucket: ``warmup`` until ``gate_min_samples`` samples, then ``on`` or
+**Gate.** Per key: ``warmup`` until ``gate_min_samples`` samples, then ``on`` or
 ``off`` by the median of the last ``gate_window``: on goes off below
 ``min_speedup``, off goes on at ``min_speedup * (1 + hysteresis)``, either after
 ``gate_switch_after`` consecutive samples that ask for it (a switch keeps only the
 last ``gate_min_samples`` samples, so the next verdict reads the new regime). At an
-off bucket no row drafts, except a probe every ``gate_probe_interval`` steps: two
+off key no row drafts, except a probe every ``gate_probe_interval`` steps: two
 drafting steps, the first to let the drafts catch up on the plain steps' tokens
 (not paired), the second measured against its plain neighbours.
 
@@ -49,7 +56,7 @@ from .costs import median, nearest
 from .draft_config.schema import ControllerConfig
 from .speedup import expected_tokens
 
-__all__ = ["ADJACENT", "GateState", "StepGate", "plan_step", "step_speedup"]
+__all__ = ["ADJACENT", "GateKey", "GateState", "StepGate", "mix_name", "plan_step", "step_speedup"]
 
 #: a drafting and a plain cycle pair when at most this many timed cycles apart
 ADJACENT = 3
@@ -57,6 +64,15 @@ ADJACENT = 3
 _ENUMERATE = 4
 #: times kept per bucket for the readings (cycle_ms, draft_ms ...)
 _KEPT = 64
+
+
+#: (batch bucket, the step's domain mix): what the gate keeps a verdict for
+GateKey = tuple[int, frozenset]
+
+
+def mix_name(mix: Iterable[str]) -> str:
+    """``code+support``: a domain mix as the readings name it (``-``: none)."""
+    return "+".join(sorted(mix)) or "-"
 
 
 class GateState:
@@ -87,40 +103,50 @@ class _Bucket:
 
 
 class StepGate:
-    """Per batch bucket: cycle samples, the gate's state, the readings.
+    """Per key (batch bucket, domain mix): cycle samples, the gate's state, the readings.
 
-    Per ``propose`` call: :meth:`record_cycle` (the cycle that ended now),
-    :meth:`begin` (this step's verdict), :meth:`record_call` (this call's host and
-    draft time) and, for a drafting step, :meth:`record_prediction`.
+    Per ``propose`` call: :meth:`record_cycle` (the cycle that ended now, counted
+    under the key its step began with), :meth:`begin` (this step's key and verdict),
+    :meth:`record_call` (this call's host and draft time) and, for a drafting step,
+    :meth:`record_prediction`. A step that did not :meth:`begin` (the gate is not
+    consulted) counts under its bucket with the empty mix.
     """
 
     def __init__(self, cfg: ControllerConfig):
         self.cfg = cfg
-        self._buckets: dict[int, _Bucket] = {}
+        self._buckets: dict[GateKey, _Bucket] = {}
         self._index = 0  #: timed cycles so far
-        self._current: tuple[int, bool] | None = None  #: (bucket, catch-up probe) of the step running now
+        self._current: tuple[GateKey, bool] | None = None  #: (key, catch-up probe) of the step running now
 
-    def _at(self, bucket: int) -> _Bucket:
-        if bucket not in self._buckets:
-            self._buckets[bucket] = _Bucket(samples=deque(maxlen=self.cfg.gate_window))
-        return self._buckets[bucket]
+    def _at(self, key: GateKey) -> _Bucket:
+        if key not in self._buckets:
+            self._buckets[key] = _Bucket(samples=deque(maxlen=self.cfg.gate_window))
+        return self._buckets[key]
+
+    def _key(self, bucket: int) -> GateKey:
+        """The key of the step running now, if it began at ``bucket``; else the bucket alone."""
+        if self._current is not None and self._current[0][0] == bucket:
+            return self._current[0]
+        return bucket, frozenset()
 
     # ------------------------------------------------------------------ recording
 
     def record_cycle(self, seconds: float | None, rows: int, bucket: int, tokens: int, drafted: int) -> None:
         """The cycle that ended now: ``seconds`` (None: not comparable), ``rows`` that
-        decoded, at ``bucket``, ``tokens`` emitted, ``drafted`` draft tokens verified."""
+        decoded, at ``bucket``, ``tokens`` emitted, ``drafted`` draft tokens verified.
+        It counts under the key its step began with."""
+        key = self._key(bucket)
         current, self._current = self._current, None
         if seconds is None or seconds <= 0 or rows <= 0 or tokens <= 0:
             for b in self._buckets.values():
                 b.last.clear()
             return
         self._index += 1
-        at = self._at(bucket)
+        at = self._at(key)
         at.cycles += 1
         drafting = drafted > 0
         (at.draft_cycles if drafting else at.plain_cycles).append(seconds)
-        if drafting and current is not None and current == (bucket, True):
+        if drafting and current is not None and current == (key, True):
             return  # a probe's catch-up step: the drafts ran the plain steps' tokens too
         rate = tokens / seconds
         at.last[drafting] = (rate, rows, self._index)
@@ -131,7 +157,7 @@ class StepGate:
 
     def record_call(self, bucket: int, seconds: float, draft_seconds: float, drafted: int) -> None:
         """This ``propose`` call took ``seconds``, ``draft_seconds`` of them in draft models."""
-        at = self._at(bucket)
+        at = self._at(self._key(bucket))
         if drafted:
             at.draft_s.append(draft_seconds)
             at.host_s.append(max(0.0, seconds - draft_seconds))
@@ -139,7 +165,7 @@ class StepGate:
             at.plain_host_s.append(seconds)
 
     def record_prediction(self, bucket: int, speedup: float) -> None:
-        self._at(bucket).predicted.append(speedup)
+        self._at(self._key(bucket)).predicted.append(speedup)
 
     def _add_sample(self, at: _Bucket, sample: float) -> None:
         cfg = self.cfg
@@ -165,12 +191,14 @@ class StepGate:
 
     # ------------------------------------------------------------------ deciding
 
-    def begin(self, bucket: int) -> str:
-        """This step's verdict at ``bucket``: ``on``/``warmup`` (draft as planned),
-        ``off`` (no row drafts) or ``probe`` (draft, to re-measure)."""
-        at = self._at(bucket)
+    def begin(self, bucket: int, mix: Iterable[str] = ()) -> str:
+        """This step's verdict at ``bucket`` for the domain ``mix`` of its rows:
+        ``on``/``warmup`` (draft as planned), ``off`` (no row drafts) or ``probe``
+        (draft, to re-measure)."""
+        key = (bucket, frozenset(mix))
+        at = self._at(key)
         at.steps += 1
-        self._current = (bucket, False)
+        self._current = (key, False)
         if at.state != GateState.OFF:
             at.probe_left = 0
             return at.state
@@ -180,63 +208,85 @@ class StepGate:
         at.off_steps += 1
         if at.off_steps >= self.cfg.gate_probe_interval:
             at.off_steps, at.probe_left = 0, 1
-            self._current = (bucket, True)
+            self._current = (key, True)
             return "probe"
         return GateState.OFF
 
-    def state(self, bucket: int) -> str:
-        at = self._buckets.get(bucket)
+    def state(self, bucket: int, mix: Iterable[str] = ()) -> str:
+        at = self._buckets.get((bucket, frozenset(mix)))
         return GateState.WARMUP if at is None else at.state
 
-    def samples(self, bucket: int) -> int:
-        """Samples of the measured step speedup at ``bucket`` so far (all, not only the window)."""
-        at = self._buckets.get(bucket)
-        return 0 if at is None else at.total_samples
+    def samples(self, bucket: int, mix: Iterable[str] | None = None) -> int:
+        """Samples of the measured step speedup at ``bucket`` so far (all, not only the
+        window), for ``mix`` (``None``: every mix)."""
+        return sum(at.total_samples for at in self._of(bucket, mix))
 
-    def timed_cycles(self, bucket: int) -> int:
-        at = self._buckets.get(bucket)
-        return 0 if at is None else at.cycles
+    def timed_cycles(self, bucket: int, mix: Iterable[str] | None = None) -> int:
+        return sum(at.cycles for at in self._of(bucket, mix))
+
+    def _of(self, bucket: int, mix: Iterable[str] | None) -> list[_Bucket]:
+        if mix is not None:
+            at = self._buckets.get((bucket, frozenset(mix)))
+            return [] if at is None else [at]
+        return [at for (b, _), at in self._buckets.items() if b == bucket]
 
     def host_fraction(self, bucket: int, plain_step_s: float | None) -> float:
         """h: a drafting call's host time beyond its drafts and beyond a plain call's,
         over ``plain_step_s`` (0 while unknown); the nearest bucket with it measured."""
-        near = nearest((b for b, at in self._buckets.items() if at.host_s), bucket)
+        near = nearest({b for (b, _), at in self._buckets.items() if at.host_s}, bucket)
         if near is None or not plain_step_s:
             return 0.0
-        at = self._buckets[near]
-        base = median(at.plain_host_s) or 0.0
-        return max(0.0, median(at.host_s) - base) / plain_step_s
+        host = [x for at in self._of(near, None) for x in at.host_s]
+        base = median([x for at in self._of(near, None) for x in at.plain_host_s]) or 0.0
+        return max(0.0, median(host) - base) / plain_step_s
 
     # ------------------------------------------------------------------- reading
 
     def stats(self) -> dict[int, dict]:
-        """Per bucket: the keys of :meth:`.DomainProposer.step_stats` (times in ms)."""
+        """Per bucket: the keys of :meth:`.DomainProposer.step_stats` (times in ms), every
+        mix pooled, and ``mixes``: per mix (:func:`mix_name`) its ``gate``,
+        ``measured_speedup``, ``samples`` and ``steps``."""
         def ms(values: Iterable[float]) -> float | None:
             m = median(values)
             return None if m is None else m * 1e3
 
-        return {
-            b: {
-                "gate": at.state,
-                "predicted_speedup": median(at.predicted),
-                "measured_speedup": median(at.samples),
-                "samples": at.total_samples,
-                "plain_step_ms": ms(at.plain_cycles),
-                "cycle_ms": ms(at.draft_cycles),
-                "draft_ms": ms(at.draft_s),
-                "host_ms": ms(at.host_s),
-                "steps": at.steps,
+        out = {}
+        for b in sorted({b for b, _ in self._buckets}):
+            mixes = sorted(((mix, at) for (bb, mix), at in self._buckets.items() if bb == b),
+                           key=lambda item: -item[1].steps)
+            ats = [at for _, at in mixes]
+
+            def pooled(name: str) -> list[float]:
+                return [x for at in ats for x in getattr(at, name)]
+
+            states = {at.state for at in ats if at.steps}
+            out[b] = {
+                "gate": states.pop() if len(states) == 1 else ("per-mix" if states else GateState.WARMUP),
+                "predicted_speedup": median(pooled("predicted")),
+                "measured_speedup": median(pooled("samples")),
+                "samples": sum(at.total_samples for at in ats),
+                "plain_step_ms": ms(pooled("plain_cycles")),
+                "cycle_ms": ms(pooled("draft_cycles")),
+                "draft_ms": ms(pooled("draft_s")),
+                "host_ms": ms(pooled("host_s")),
+                "steps": sum(at.steps for at in ats),
+                "mixes": {mix_name(mix): {"gate": at.state, "measured_speedup": median(at.samples),
+                                          "samples": at.total_samples, "steps": at.steps} for mix, at in mixes},
             }
-            for b, at in sorted(self._buckets.items())
-        }
+        return out
 
     def summary(self) -> list[str]:
-        """One part per bucket, for the periodic log."""
+        """One part per bucket (and per mix where a bucket has several), for the periodic log."""
         def x(value: float | None) -> str:
             return "n/a" if value is None else f"{value:.2f}x"
 
-        return [f"batch<={b}: gate={g['gate']} predicted={x(g['predicted_speedup'])} "
-                f"measured={x(g['measured_speedup'])} samples={g['samples']}" for b, g in self.stats().items()]
+        parts = []
+        for b, g in self.stats().items():
+            mixes = "" if len(g["mixes"]) < 2 else " (" + ", ".join(
+                f"{name}: {m['gate']} {x(m['measured_speedup'])}" for name, m in g["mixes"].items()) + ")"
+            parts.append(f"batch<={b}: gate={g['gate']} predicted={x(g['predicted_speedup'])} "
+                         f"measured={x(g['measured_speedup'])} samples={g['samples']}{mixes}")
+        return parts
 
 
 

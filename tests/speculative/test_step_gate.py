@@ -111,7 +111,8 @@ def test_gate_stays_on_where_drafting_pays_and_prediction_meets_measurement():
     assert stats["predicted_speedup"] == pytest.approx(stats["measured_speedup"], rel=0.25)
     assert drafting_share(ks[100:], "good") > 0.9  # calibration steps are rare by then
     assert set(stats) == {"gate", "predicted_speedup", "measured_speedup", "samples", "plain_step_ms",
-                          "cycle_ms", "draft_ms", "host_ms", "steps"}
+                          "cycle_ms", "draft_ms", "host_ms", "steps", "mixes"}
+    assert set(stats["mixes"]) == {"good"} and stats["mixes"]["good"]["gate"] == "on"
     assert stats["plain_step_ms"] > 0 and stats["cycle_ms"] > stats["plain_step_ms"] and stats["steps"] == 300
 
 
@@ -125,6 +126,29 @@ def test_mixed_batch_drops_the_draft_that_serves_one_row_of_eight():
     assert drafting_share(late, "mid") < 0.05  # ... for one row of eight it does not
     assert drafting_share(late, "good") > 0.9
     assert ctl.step_stats()[8]["gate"] == "on"
+
+
+def test_one_verdict_per_domain_mix_at_the_same_bucket():
+    # batch 8 of "good" pays (cheap draft, high acceptance); batch 8 of "poor" loses by the
+    # measured cycles though its formula says on (c clamped by the size band). Alternating
+    # sets of 8, as a server's traffic or the demo's prompt sets do: the pooled median of
+    # the bucket would be one verdict for both; the gate keeps one per mix.
+    drafts = {"good": "/d/good", "poor": "/d/poor"}
+    ctl = controller(drafts)
+    ctl.set_target_bytes(100)
+    ctl.set_draft_bytes("/d/poor", 1)
+    target = Target(draft_s={"/d/good": 0.004, "/d/poor": 0.06})
+    alphas = {"good": 0.85, "poor": 0.5}
+    late_good, late_poor = [], []
+    for rnd in range(8):
+        late_good += drive(ctl, target, ["good"] * 8, alphas, 60, drafts, seed=2 * rnd)[20:]
+        late_poor += drive(ctl, target, ["poor"] * 8, alphas, 60, drafts, seed=2 * rnd + 1)[20:]
+    mixes = ctl.step_stats()[8]["mixes"]
+    assert mixes["good"]["gate"] == "on" and mixes["good"]["measured_speedup"] > 1.3
+    assert mixes["poor"]["gate"] == "off" and mixes["poor"]["measured_speedup"] < 1.0
+    assert ctl.step_stats()[8]["gate"] == "per-mix"
+    assert drafting_share(late_good[-100:], "good") > 0.9
+    assert drafting_share(late_poor[-100:], "poor") <= 2 / 16 + 0.05  # probes only
 
 
 def test_plan_step_keeps_the_subset_that_pays():
