@@ -7,7 +7,14 @@ Each peer is a vLLM ``speculative_config`` used as is (the harness passes it to
 - ``suffix``: vLLM's suffix decoding (method ``suffix``), which needs the
   ``arctic_inference`` package importable in the demo's workers. A build kept
   outside the venv is found through ``ACCEL_DEMO_SUFFIX_PATH`` (folders, separated
-  by ``os.pathsep``, put before ``PYTHONPATH`` in every worker).
+  by ``os.pathsep``, put before ``PYTHONPATH`` in every worker). Run with its
+  per-request prompt trees only (``suffix_decoding_max_cached_requests: 0``): the
+  demo runs every prompt in its warm-up and again in each paired round, and suffix
+  decoding's global tree (vLLM's default, 10000 past responses) would replay the
+  very answers it saw the round before (3.6-4.2x on every set in the 2026-12-02
+  demo, the untuned "general" set included): a speed no user sees on prompts that
+  are new. Over the request's own context it is n-gram's job done with a suffix
+  tree, the same information ours and the n-gram peer get.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ __all__ = ["PEERS", "PEER_MODULES", "parse_peers", "peer_configs", "worker_has_m
 
 PEERS: dict[str, dict] = {
     "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 5, "prompt_lookup_min": 2},
-    "suffix": {"method": "suffix", "num_speculative_tokens": 5},
+    "suffix": {"method": "suffix", "num_speculative_tokens": 5, "suffix_decoding_max_cached_requests": 0},
 }
 #: the package a peer needs in the worker's environment
 PEER_MODULES = {"suffix": "arctic_inference"}

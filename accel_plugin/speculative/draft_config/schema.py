@@ -206,11 +206,11 @@ class ControllerConfig(_Strict):
     #: the measured step gate (docs/speculative.md, "The step gate"): per batch size,
     #: tokens/s of drafting cycles against adjacent plain ones; false = per-domain decisions alone
     step_gate: bool = True
-    #: samples of the measured step speedup kept per batch size (the gate reads their median)
+    #: samples of the measured step speedup kept per batch size and domain mix (the gate reads their median)
     gate_window: int = Field(default=16, ge=1)
-    #: samples a batch size needs before the gate gives a verdict there
+    #: samples a batch size and domain mix need before the gate gives a verdict there
     gate_min_samples: int = Field(default=4, ge=1)
-    #: consecutive samples that must agree before the gate switches a batch size on or off
+    #: consecutive samples that must agree before the gate switches a batch size and mix on or off
     gate_switch_after: int = Field(default=2, ge=1)
     #: a batch size the gate switched off drafts again (two steps: catch-up, then measured)
     #: once every this many of its steps
