@@ -17,7 +17,8 @@ import torch
 from ..models.dirs import ModelDirError, check_model_dir
 from .draft_format import DraftFormatError, load_tensors
 
-__all__ = ["DraftModelError", "LlamaWeights", "cast_matrices", "load_llama_weights", "rope_tables", "weight_bytes"]
+__all__ = ["DraftModelError", "LlamaWeights", "cast_matrices", "load_llama_weights", "map_matrices", "rope_tables",
+           "weight_bytes"]
 
 _STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
@@ -157,11 +158,17 @@ _MATRICES = ("qkv", "qkv_b", "o", "o_b", "gate_up", "gate_up_b", "down", "down_b
 def cast_matrices(layers: list[_Layer], dtype: torch.dtype) -> list[_Layer]:
     """Copies of ``layers`` whose projection matrices and biases are in ``dtype``
     (the RMSNorm weights are shared with the originals, unchanged)."""
+    return map_matrices(layers, lambda t: t.to(dtype).contiguous())
+
+
+def map_matrices(layers: list[_Layer], fn) -> list[_Layer]:
+    """Copies of ``layers`` with ``fn`` applied to every projection matrix and bias
+    (the RMSNorm weights are shared with the originals, unchanged)."""
     out = []
     for layer in layers:
         copy = _Layer()
         for name in _Layer.__slots__:
             t = getattr(layer, name)
-            setattr(copy, name, t.to(dtype).contiguous() if name in _MATRICES and t is not None else t)
+            setattr(copy, name, fn(t) if name in _MATRICES and t is not None else t)
         out.append(copy)
     return out

@@ -179,3 +179,36 @@ def test_resolve_precision(monkeypatch):
     assert llama.resolve_precision(bf16, torch.device("cuda")) == (bf16, None)
     monkeypatch.setattr(llama, "native_bf16", lambda: True)
     assert llama.resolve_precision(bf16, cpu) == (bf16, None)
+
+
+def test_large_forwards_use_prepacked_matrices_with_the_same_logits(tiny_models, monkeypatch):
+    """Forwards beyond the small rows multiply by oneDNN's prepacked matrices where torch
+    has them; the logits stay those of the plain float32 product (rounding order only)."""
+    from accel_plugin.speculative import llama
+
+    model_dir = tiny_models("gqa-d32")
+    if llama.packed_linear(torch.float32, torch.device("cpu")) is None:
+        pytest.skip("this torch has no mkldnn prepacked linear (the plain path serves)")
+    packed = LlamaDraftModel(model_dir, max_len=64, initial_slots=4, small_batch_weights=torch.bfloat16,
+                             small_batch_rows=2)
+    assert packed.large_layers[0].qkv.is_mkldnn and packed.large_lm_head.is_mkldnn
+    assert packed.layers is packed.large_layers  # the plain float32 copies are not kept as well
+    monkeypatch.setattr(llama, "packed_linear", lambda dtype, device: None)
+    plain = LlamaDraftModel(model_dir, max_len=64, initial_slots=4, small_batch_weights=torch.bfloat16,
+                            small_batch_rows=2)
+    assert not plain.large_layers[0].qkv.is_mkldnn
+    tokens = [list(range(3, 8)), list(range(9, 12)), list(range(20, 24))]
+    for m in (packed, plain):
+        for _ in tokens:
+            m.alloc_slot()
+    got, want = run(packed, tokens, [0] * 3, [0, 1, 2]), run(plain, tokens, [0] * 3, [0, 1, 2])
+    assert (got - want).abs().max() < TOLERANCE[torch.float32]
+    for i, t in enumerate(tokens):
+        assert (got[i] - hf_logits(model_dir, t)).abs().max() < TOLERANCE[torch.float32]
+
+
+def test_packed_linear_only_for_float32_on_a_cpu():
+    from accel_plugin.speculative import llama
+
+    assert llama.packed_linear(torch.bfloat16, torch.device("cpu")) is None
+    assert llama.packed_linear(torch.float32, torch.device("cuda")) is None
