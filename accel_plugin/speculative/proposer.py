@@ -372,7 +372,10 @@ class DomainProposer:
         samples in the gate's window), ``samples`` (all so far), ``plain_step_ms`` and
         ``cycle_ms`` (median plain and drafting cycle, start of one ``propose`` call to
         the next), ``draft_ms`` and ``host_ms`` (median per drafting call: in the draft
-        models, and the rest of ``propose``), ``steps``; ``None`` where not measured."""
+        models, and the rest of ``propose``), ``steps``, and ``mixes``: per domain mix of the
+        bucket's steps (``code+support``; ``-``: none that drafts) its own ``gate``,
+        ``measured_speedup``, ``samples`` and ``steps`` (the gate decides per mix; ``gate``
+        above reads ``per-mix`` where they disagree); ``None`` where not measured."""
         with self._lock:
             return self.controller.step_stats()
 
