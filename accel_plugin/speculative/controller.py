@@ -54,13 +54,8 @@ from .draft_config.schema import ControllerConfig
 from .speedup import best_k, expected_speedup, expected_tokens
 from .step_gate import GateState, StepGate, plan_step
 
-__all__ = [
-    "DomainController",
-    "batch_bucket",  # re-exported from .costs
-    "best_k",  # re-exported from .speedup
-    "expected_speedup",
-    "expected_tokens",
-]
+# batch_bucket re-exported from .costs, best_k from .speedup
+__all__ = ["DomainController", "batch_bucket", "best_k", "expected_speedup", "expected_tokens"]
 
 #: a bucket with fewer than MIN_PAIRS samples of v calibrates every other step
 _EARLY_CALIBRATION = 2
@@ -72,8 +67,6 @@ _K_MARGIN = 0.01
 _GATE_CALIBRATION = 8
 #: timed cycles of a bucket after which the gate's early calibration stops (rows never pair)
 _GATE_EARLY_CYCLES = (64, 512)
-#: fixed states of an entry that never drafts (not part of a step's domain mix)
-_NEVER_DRAFTS = (DomainState.NO_DRAFT, DomainState.FAILED)
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -127,7 +120,7 @@ class DomainController:
         self.gate = StepGate(cfg)
         self.gated = False  #: the step gate keeps the current step from drafting
         self._plan: dict[str, int] | None = None  #: the step model's k per domain, this step
-        self._mix: frozenset = frozenset()  #: the current step's domain mix (entries that may draft)
+        self._mix: frozenset = frozenset()  #: the current step's domain mix: its entries that may draft
         self.predicted: float | None = None  #: the step model's S_step for this step
 
     # ---------------------------------------------------------------- measurement
@@ -215,8 +208,7 @@ class DomainController:
         for d in self._domains.values():
             self._decide(d, b)
         names = set(row_domains) if row_domains is not None else self._domains if domains is None else domains
-        # the step's domain mix: its entries that may draft (the gate keeps a verdict per mix)
-        self._mix = mix = frozenset(n for n in names if self._domains[n].fixed not in _NEVER_DRAFTS)
+        self._mix = mix = frozenset(n for n in names if self._domains[n].fixed not in DomainState.NEVER_DRAFTS)
         verdict = self.gate.begin(b, mix) if self._gating else GateState.WARMUP
         if verdict == GateState.OFF:
             self.gated = True

@@ -18,6 +18,8 @@ class DomainState:
     FIXED = "fixed"  #: adaptive: false
     FAILED = "failed"  #: the draft model raised; off until restart
     NO_DRAFT = "no-draft"  #: the YAML gives this domain no draft
+    #: fixed states of an entry that never drafts (not part of a step's domain mix)
+    NEVER_DRAFTS = (NO_DRAFT, FAILED)
 
 
 @dataclass
