@@ -142,4 +142,11 @@ def step_lines(step_stats: dict | None) -> list[str]:
                      f"propose() host {_f(s.get('host_ms'), '.2f')} ms beside draft forward "
                      f"{_f(s.get('draft_ms'), '.2f')} ms ({s.get('steps') or 0} steps, "
                      f"{s.get('samples') or 0} samples)")
+        for name, m in (s.get("mixes") or {}).items():  # the gate's verdict per domain mix
+            if name == "-" or not m.get("steps"):
+                continue
+            tail = m.get("tail_factor")
+            lines.append(f"    mix {name}: gate {m.get('gate') or '-'}, measured {_f(m.get('measured_speedup'), '.2f')}"
+                         f"{_x(m, 'measured_speedup')}, whole batches x{_f(tail, '.2f')} "
+                         f"({m.get('steps')} steps, {m.get('samples') or 0} samples)")
     return lines

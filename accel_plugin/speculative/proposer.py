@@ -216,7 +216,7 @@ class DomainProposer:
             keys, after = keys[:num_rows], keys[num_rows:]
         claimed: set[RequestState] = set()
         rows: list[tuple[int, RequestState]] = []
-        prefilled = False  # the target step since the last call ran a prompt (or part of one)
+        prefilled, joined = False, 0  # the target step since the last call ran a prompt (or part); new rows
         for i in range(num_rows):
             n, num_sampled, have = int(lengths[i]), int(sampled_counts[i]), int(known[i])
             if request_ids is None:
@@ -229,6 +229,7 @@ class DomainProposer:
                     continue  # a prompt still being prefilled in chunks
                 state = self._new_state(i, token_ids, n, num_sampled,
                                         None if request_ids is None else request_ids[i])
+                joined += 1
             elif num_sampled:
                 self._learn(state, token_ids[i, have:n], num_sampled)
             if after is not None:
@@ -247,6 +248,7 @@ class DomainProposer:
             self.controller.record_step(start - self._last_return if timed else None, len(rows), self._last_drafted)
             self.controller.record_cycle(start - self._last_start if timed else None, len(rows),
                                          sum(int(sampled_counts[i]) for i, _ in rows), self._last_drafted)
+        self.controller.gate.record_rows({id(s): int(sampled_counts[i]) for i, s in rows}, joined)
         t_lookup = self._clock()
         matched = self.lookup.match_rows(rows) if LOOKUP_DRAFT not in self._failed else {}
         lookup_seconds = self._clock() - t_lookup
@@ -374,8 +376,9 @@ class DomainProposer:
         the next), ``draft_ms`` and ``host_ms`` (median per drafting call: in the draft
         models, and the rest of ``propose``), ``steps``, and ``mixes``: per domain mix of the
         bucket's steps (``code+support``; ``-``: none that drafts) its own ``gate``,
-        ``measured_speedup``, ``samples`` and ``steps`` (the gate decides per mix; ``gate``
-        above reads ``per-mix`` where they disagree); ``None`` where not measured."""
+        ``measured_speedup``, ``samples``, ``steps`` and ``tail_factor`` (whole batches,
+        :mod:`.episodes`; the gate decides per mix; ``gate`` above reads ``per-mix`` where
+        they disagree); ``None`` where not measured."""
         with self._lock:
             return self.controller.step_stats()
 

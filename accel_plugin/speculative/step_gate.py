@@ -22,14 +22,22 @@ drafting cycle) / (tokens/s of the plain one)``. Same rows, so that both cycles 
 the same work but for drafting; moments apart, so that a slow spell of a shared
 machine slows both.
 
+**Whole batches.** A batch that starts together and that no row joins pays for
+drafting in its tail too (rows that drafted finish unevenly): :mod:`.episodes`
+measures each such batch's *tail factor*, and the gate reads a key's cycle median
+times the median of its last 4 factors (1 where none).
+
 **Gate.** Per key: ``warmup`` until ``gate_min_samples`` samples, then ``on`` or
-``off`` by the median of the last ``gate_window``: on goes off below
+``off`` by the median of the last ``gate_window`` (times the tail factor): on goes off below
 ``min_speedup``, off goes on at ``min_speedup * (1 + hysteresis)``, either after
 ``gate_switch_after`` consecutive samples that ask for it (a switch keeps only the
 last ``gate_min_samples`` samples, so the next verdict reads the new regime). At an
 off key no row drafts, except a probe every ``gate_probe_interval`` steps: two
 drafting steps, the first to let the drafts catch up on the plain steps' tokens
-(not paired), the second measured against its plain neighbours.
+(not paired), the second measured against its plain neighbours. Each probe that
+leaves the key off doubles its interval, up to :data:`MAX_BACKOFF` doublings (a
+probe drafts for every row, draft prefills included); a switch resets it. A tail
+factor that brings an on key below ``min_speedup`` switches it off at once.
 
 **Step model.** :func:`plan_step` predicts the speedup of drafting a step, over all
 its rows and every draft model that runs in it::
@@ -54,9 +62,10 @@ from itertools import combinations
 
 from .costs import median, nearest
 from .draft_config.schema import ControllerConfig
+from .episodes import Episodes
 from .speedup import expected_tokens
 
-__all__ = ["ADJACENT", "GateKey", "GateState", "StepGate", "mix_name", "plan_step", "step_speedup"]
+__all__ = ["ADJACENT", "MAX_BACKOFF", "GateKey", "GateState", "StepGate", "mix_name", "plan_step", "step_speedup"]
 
 #: a drafting and a plain cycle pair when at most this many timed cycles apart
 ADJACENT = 3
@@ -64,6 +73,10 @@ ADJACENT = 3
 _ENUMERATE = 4
 #: times kept per bucket for the readings (cycle_ms, draft_ms ...)
 _KEPT = 64
+#: doublings of an off key's probe interval, at most
+MAX_BACKOFF = 3
+#: tail factors of whole batches kept per key
+_FACTORS = 4
 
 
 #: (batch bucket, the step's domain mix): what the gate keeps a verdict for
@@ -93,6 +106,8 @@ class _Bucket:
     probe_left: int = 0  #: probe steps still to run (2: catch-up next, 1: measured next)
     samples: deque = field(default_factory=deque)
     total_samples: int = 0
+    backoff: int = 0  #: doublings of the probe interval (an off key's probes that left it off)
+    factors: deque = field(default_factory=lambda: deque(maxlen=_FACTORS))  #: tail factors (episodes)
     last: dict = field(default_factory=dict)  #: drafting?: (tokens/s, rows, cycle index)
     plain_cycles: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
     draft_cycles: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
@@ -117,6 +132,7 @@ class StepGate:
         self._buckets: dict[GateKey, _Bucket] = {}
         self._index = 0  #: timed cycles so far
         self._current: tuple[GateKey, bool] | None = None  #: (key, catch-up probe) of the step running now
+        self.episodes = Episodes()
 
     def _at(self, key: GateKey) -> _Bucket:
         if key not in self._buckets:
@@ -137,6 +153,7 @@ class StepGate:
         It counts under the key its step began with."""
         key = self._key(bucket)
         current, self._current = self._current, None
+        self.episodes.record_cycle(seconds, rows, tokens, drafted)
         if seconds is None or seconds <= 0 or rows <= 0 or tokens <= 0:
             for b in self._buckets.values():
                 b.last.clear()
@@ -155,6 +172,24 @@ class StepGate:
             return
         self._add_sample(at, rate / other[0] if drafting else other[0] / rate)
 
+    def record_rows(self, tokens: dict, joined: int) -> None:
+        """This call's decoding rows (an id each -> tokens received), ``joined`` of them new
+        (after :meth:`record_cycle`, before :meth:`begin`): the whole batches (:mod:`.episodes`)."""
+        done = self.episodes.record_rows(tokens, joined)
+        if done is not None:
+            self.record_episode(*done)
+
+    def record_episode(self, key: GateKey, factor: float) -> None:
+        """A whole batch that began at ``key`` had this tail factor (at most 1 is kept)."""
+        at = self._at(key)
+        at.factors.append(min(1.0, factor))
+        self._judge(at, at_once=True)
+
+    def factor(self, key: GateKey) -> float:
+        """The tail factor the gate applies at ``key`` (1 while no whole batch measured one)."""
+        at = self._buckets.get(key)
+        return 1.0 if at is None or not at.factors else median(at.factors)
+
     def record_call(self, bucket: int, seconds: float, draft_seconds: float, drafted: int) -> None:
         """This ``propose`` call took ``seconds``, ``draft_seconds`` of them in draft models."""
         at = self._at(self._key(bucket))
@@ -168,15 +203,20 @@ class StepGate:
         self._at(self._key(bucket)).predicted.append(speedup)
 
     def _add_sample(self, at: _Bucket, sample: float) -> None:
-        cfg = self.cfg
         at.samples.append(sample)
         at.total_samples += 1
+        self._judge(at)
+
+    def _judge(self, at: _Bucket, at_once: bool = False) -> None:
+        """Re-read the verdict from the samples (times the tail factor); ``at_once``: a
+        tail factor arrived, which switches an on key off without waiting."""
+        cfg = self.cfg
         if len(at.samples) < cfg.gate_min_samples:
             return
-        m = median(at.samples)
+        m = median(at.samples) * (median(at.factors) if at.factors else 1.0)
         if at.state == GateState.WARMUP:
             at.state = GateState.ON if m >= cfg.min_speedup else GateState.OFF
-            at.off_steps = 0
+            at.off_steps = at.backoff = 0
             return
         is_on = at.state == GateState.ON
         want_on = m >= cfg.min_speedup * (1.0 if is_on else 1.0 + cfg.hysteresis)
@@ -184,8 +224,9 @@ class StepGate:
             at.pending = 0
             return
         at.pending += 1
-        if at.pending >= cfg.gate_switch_after:
+        if at.pending >= cfg.gate_switch_after or at_once and not want_on:
             at.state, at.pending, at.off_steps = (GateState.ON if want_on else GateState.OFF), 0, 0
+            at.backoff = 0
             for _ in range(len(at.samples) - cfg.gate_min_samples):
                 at.samples.popleft()
 
@@ -199,6 +240,7 @@ class StepGate:
         at = self._at(key)
         at.steps += 1
         self._current = (key, False)
+        self.episodes.set_key(key)
         if at.state != GateState.OFF:
             at.probe_left = 0
             return at.state
@@ -206,8 +248,9 @@ class StepGate:
             at.probe_left -= 1
             return "probe"
         at.off_steps += 1
-        if at.off_steps >= self.cfg.gate_probe_interval:
+        if at.off_steps >= self.cfg.gate_probe_interval << at.backoff:
             at.off_steps, at.probe_left = 0, 1
+            at.backoff = min(at.backoff + 1, MAX_BACKOFF)  # the next one, if this one leaves the key off
             self._current = (key, True)
             return "probe"
         return GateState.OFF
@@ -271,7 +314,8 @@ class StepGate:
                 "host_ms": ms(pooled("host_s")),
                 "steps": sum(at.steps for at in ats),
                 "mixes": {mix_name(mix): {"gate": at.state, "measured_speedup": median(at.samples),
-                                          "samples": at.total_samples, "steps": at.steps} for mix, at in mixes},
+                                          "samples": at.total_samples, "steps": at.steps,
+                                          "tail_factor": median(at.factors)} for mix, at in mixes},
             }
         return out
 
@@ -284,6 +328,8 @@ class StepGate:
         for b, g in self.stats().items():
             mixes = "" if len(g["mixes"]) < 2 else " (" + ", ".join(
                 f"{name}: {m['gate']} {x(m['measured_speedup'])}" for name, m in g["mixes"].items()) + ")"
+            tails = [f"{name} {m['tail_factor']:.2f}" for name, m in g["mixes"].items() if m["tail_factor"] is not None]
+            mixes += f" tail={', '.join(tails)}" if tails else ""
             parts.append(f"batch<={b}: gate={g['gate']} predicted={x(g['predicted_speedup'])} "
                          f"measured={x(g['measured_speedup'])} samples={g['samples']}{mixes}")
         return parts

@@ -3,10 +3,29 @@ and its tokenizer loaded with transformers, and configs."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
+
+
+def load_verifier():
+    """verifier.py as a module (the tests' greedy target, vLLM-style ``serve``)."""
+    if "accel_tests_verifier" in sys.modules:
+        return sys.modules["accel_tests_verifier"]
+    spec = importlib.util.spec_from_file_location("accel_tests_verifier", Path(__file__).with_name("verifier.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def verifier():
+    return load_verifier()
 
 
 @pytest.fixture(scope="session")

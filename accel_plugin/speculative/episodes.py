@@ -1,0 +1,143 @@
+"""Whole batches: what drafting costs a batch that no single cycle shows.
+
+A cycle sample of the step gate (:mod:`.step_gate`) compares a drafting cycle with a
+plain one of the same rows, and credits each token the same. A batch whose rows
+start together and that no row joins until it ends (``LLM.generate`` of a list, a
+burst of clients) loses what no cycle shows: rows that draft advance unevenly, so
+the batch ends in a tail of steps with few rows, where a plain batch of the same
+lengths keeps its rows together to the end. Measured on a 2-core CPU (SmolLM2-135M,
+support prompts, batch 8): cycles of 8 rows at 1.05x, the whole batch at 0.91x.
+
+An **episode** is such a batch: it starts at a call whose decoding rows are all new
+(the engine ran their prefill, nothing else decoded) and ends when the next one
+starts; a row that joins midway, or a step that is not timed, spoils it (a server
+that admits rows as others finish has no tail: its cycles tell the truth). Of a
+finished episode, with ``m_i`` the tokens row ``i`` received after the first call
+and ``p(r)`` a plain cycle's time at ``r`` rows (the median of the recent ones; a row
+count not measured reads as its measured neighbours, interpolated):
+
+- ``P``, plain's time for the same tokens: rows sorted by ``m``,
+  ``sum_j (m_(j) - m_(j-1)) p(R - j + 1)`` (a plain row gets one token a step);
+- ``C``, what its cycles are credited with: ``sum over cycles of p(r) tokens / r``;
+
+and its **tail factor** ``P / C`` (1 when rows keep pace, below 1 with a tail). The
+gate multiplies its cycle median at the episode's key (its first step's bucket and
+domain mix) by it. An episode with fewer than :data:`MIN_DRAFTING` of its cycles
+drafting says nothing about drafting and is dropped. Per call the work is O(rows).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+
+from .costs import median
+
+__all__ = ["MIN_DRAFTING", "Episodes", "tail_factor"]
+
+#: an episode counts when at least this fraction of its cycles drafted
+MIN_DRAFTING = 0.25
+#: cycles an episode may hold (beyond: dropped; a batch that long has no tail to speak of)
+_MAX_CYCLES = 8192
+#: plain cycle times kept per row count
+_KEPT = 32
+
+
+@dataclass
+class _Episode:
+    rows: dict  #: row id -> tokens received after the first call
+    key: object = None  #: the gate key of its first step
+    cycles: list = field(default_factory=list)  #: (rows, tokens, drafted)
+
+
+def _plain_at(plain: Mapping[int, float], rows: int) -> float | None:
+    """``p(rows)``: measured, else interpolated between the nearest measured row counts,
+    else the nearest one (``None``: no plain cycle measured yet)."""
+    if rows in plain:
+        return plain[rows]
+    below = max((r for r in plain if r < rows), default=None)
+    above = min((r for r in plain if r > rows), default=None)
+    if below is not None and above is not None:
+        w = (rows - below) / (above - below)
+        return plain[below] * (1 - w) + plain[above] * w
+    if below is not None or above is not None:
+        return plain[below if above is None else above]
+    return None
+
+
+def tail_factor(counts: list[int], cycles: list[tuple[int, int, int]], plain: Mapping[int, float]) -> float | None:
+    """``P / C`` (module docstring) of an episode whose rows received ``counts`` tokens
+    in ``cycles`` of (rows, tokens, drafted), with plain cycle times ``plain`` per row
+    count; ``None`` when a needed ``p(r)`` is unknown or nothing was decoded."""
+    ordered = sorted(c for c in counts if c > 0)
+    total_rows, plain_s, before = len(ordered), 0.0, 0
+    for j, m in enumerate(ordered):
+        if m > before:
+            p = _plain_at(plain, total_rows - j)
+            if p is None:
+                return None
+            plain_s += (m - before) * p
+            before = m
+    credit = 0.0
+    for rows, tokens, _ in cycles:
+        p = _plain_at(plain, rows)
+        if p is None:
+            return None
+        credit += p * tokens / rows
+    return plain_s / credit if credit > 0 and plain_s > 0 else None
+
+
+class Episodes:
+    """Tracks the episode running now; returns each finished one's key and tail factor.
+
+    Per ``propose`` call: :meth:`record_cycle` (the cycle that ended now, as the
+    step gate gets it), then :meth:`record_rows` (this call's rows and the tokens
+    each received, how many are new), then, once the step's key is known,
+    :meth:`set_key`.
+    """
+
+    def __init__(self) -> None:
+        self._plain: dict[int, deque] = {}
+        self._current: _Episode | None = None
+        self._cycle: tuple[float | None, int, int, int] | None = None
+
+    def record_cycle(self, seconds: float | None, rows: int, tokens: int, drafted: int) -> None:
+        self._cycle = (seconds, rows, tokens, drafted)
+        if seconds is not None and seconds > 0 and rows > 0 and not drafted:
+            self._plain.setdefault(rows, deque(maxlen=_KEPT)).append(seconds)
+
+    def record_rows(self, tokens: Mapping[Hashable, int], joined: int) -> tuple[object, float] | None:
+        """This call's decoding rows (id -> tokens received) of which ``joined`` are new.
+        Returns ``(key, tail factor)`` of the episode this call ended, if it counts."""
+        cycle, self._cycle = self._cycle, None
+        ep = self._current
+        if joined and joined == len(tokens):  # every row new: a new episode
+            self._current = _Episode(rows=dict.fromkeys(tokens, 0))
+            return None if ep is None else self._finish(ep)
+        if ep is None:
+            return None
+        if joined or cycle is None or cycle[0] is None or len(ep.cycles) >= _MAX_CYCLES:
+            self._current = None  # a row joined, or a step was not timed: no clean batch
+            return None
+        for row, n in tokens.items():
+            if row not in ep.rows:
+                self._current = None
+                return None
+            ep.rows[row] += n
+        ep.cycles.append(cycle[1:])
+        return None
+
+    def set_key(self, key: object) -> None:
+        """The key of the step that begins now (kept if it is an episode's first)."""
+        if self._current is not None and self._current.key is None:
+            self._current.key = key
+
+    def _finish(self, ep: _Episode) -> tuple[object, float] | None:
+        if ep.key is None or not ep.cycles:
+            return None
+        if sum(1 for _, _, d in ep.cycles if d) < MIN_DRAFTING * len(ep.cycles):
+            return None
+        plain = {r: median(times) for r, times in self._plain.items() if times}
+        factor = tail_factor(list(ep.rows.values()), ep.cycles, plain)
+        return None if factor is None else (ep.key, factor)

@@ -1,0 +1,149 @@
+"""Whole batches (accel_plugin/speculative/episodes.py): the tail factor of a batch whose
+rows finish unevenly, when an episode counts, and what the step gate does with it."""
+
+from __future__ import annotations
+
+
+import pytest
+
+from accel_plugin.speculative.draft_config.schema import ControllerConfig
+from accel_plugin.speculative.episodes import Episodes, tail_factor
+from accel_plugin.speculative.step_gate import MAX_BACKOFF, StepGate
+
+
+def test_tail_factor_is_one_when_rows_keep_pace_and_below_one_with_a_tail():
+    plain = {2: 0.1, 1: 0.08}
+    # both rows get 2 tokens a cycle: plain needs 4 steps of 2 rows, the cycles are credited the same
+    assert tail_factor([4, 4], [(2, 4, 2), (2, 4, 2)], plain) == pytest.approx(1.0)
+    # row a gets 4 tokens in the first cycle and is done; b gets 1 a cycle for 3 cycles:
+    # P = 3 p(2) + 1 p(1) = 0.38; C = p(2) 5/2 + p(1) + p(1) = 0.41
+    assert tail_factor([4, 3], [(2, 5, 2), (1, 1, 1), (1, 1, 1)], plain) == pytest.approx(0.38 / 0.41)
+
+
+def test_plain_time_at_a_row_count_never_measured_is_interpolated_or_its_neighbours():
+    plain = {1: 0.04, 8: 0.1}
+    one_row_of_four = tail_factor([1], [(4, 4, 4)], plain)  # P = p(1), C = p(4) * 4 / 4
+    assert one_row_of_four == pytest.approx(0.04 / (0.04 + 3 / 7 * 0.06))
+    assert tail_factor([2, 2], [(2, 4, 2)], {1: 0.04}) == pytest.approx(1.0)  # p(2) read as p(1)
+    assert tail_factor([1, 1], [(2, 2, 0)], {4: 0.1}) == pytest.approx(1.0)  # p(2) read as p(4)
+    assert tail_factor([1], [(1, 1, 0)], {}) is None  # no plain cycle measured yet
+
+
+def feed(episodes: Episodes, rows: dict, joined: int, cycle=(0.1, 2, 2, 0), key=(2, frozenset({"d"}))):
+    """One proposer call: the cycle that ended, this call's rows, the step's key."""
+    episodes.record_cycle(*cycle)
+    done = episodes.record_rows(rows, joined)
+    episodes.set_key(key)
+    return done
+
+
+def test_an_episode_ends_when_the_next_batch_starts_and_reports_its_key_and_factor():
+    ep = Episodes()
+    key = (2, frozenset({"d"}))
+    ep.record_cycle(0.08, 1, 1, 0)  # plain cycles measured before: p(1) = 0.08, p(2) = 0.1
+    ep.record_cycle(0.1, 2, 2, 0)
+    assert feed(ep, {"a": 1, "b": 1}, joined=2, cycle=(None, 0, 0, 0), key=key) is None  # starts
+    assert feed(ep, {"a": 4, "b": 1}, 0, cycle=(0.2, 2, 5, 2)) is None
+    assert feed(ep, {"b": 1}, 0, cycle=(0.1, 1, 1, 1)) is None
+    assert feed(ep, {"b": 1}, 0, cycle=(0.1, 1, 1, 1)) is None
+    done = feed(ep, {"x": 1, "y": 1}, joined=2, cycle=(None, 0, 0, 0), key=(2, frozenset({"e"})))
+    assert done is not None and done[0] == key and done[1] == pytest.approx(0.38 / 0.41)
+
+
+@pytest.mark.parametrize("spoil", ["joined", "untimed"])
+def test_a_row_that_joins_or_a_step_not_timed_spoils_the_episode(spoil):
+    ep = Episodes()
+    ep.record_cycle(0.1, 2, 2, 0)
+    feed(ep, {"a": 1, "b": 1}, joined=2, cycle=(None, 0, 0, 0))
+    feed(ep, {"a": 3, "b": 1}, 0, cycle=(0.2, 2, 4, 2))
+    if spoil == "joined":  # a server admitting a row as another finishes: no tail to measure
+        feed(ep, {"b": 1, "c": 1}, joined=1, cycle=(0.1, 1, 1, 1))
+    else:
+        feed(ep, {"b": 1}, 0, cycle=(None, 1, 1, 1))
+    feed(ep, {"b": 1}, 0, cycle=(0.1, 1, 1, 1))
+    assert feed(ep, {"x": 1}, joined=1, cycle=(None, 0, 0, 0)) is None
+
+
+def test_an_episode_that_mostly_did_not_draft_says_nothing():
+    ep = Episodes()
+    feed(ep, {"a": 1, "b": 1}, joined=2, cycle=(None, 0, 0, 0))
+    for _ in range(4):
+        feed(ep, {"a": 1, "b": 1}, 0, cycle=(0.1, 2, 2, 0))
+    feed(ep, {"a": 2, "b": 1}, 0, cycle=(0.12, 2, 3, 2))  # 1 drafting cycle of 5
+    assert feed(ep, {"x": 1}, joined=1, cycle=(None, 0, 0, 0)) is None
+
+
+def gate(**kw) -> StepGate:
+    return StepGate(ControllerConfig(**{"gate_min_samples": 2, "gate_window": 4, **kw}))
+
+
+def on_at(g: StepGate, key, speedup: float, samples: int = 4) -> None:
+    """``samples`` paired cycles at ``key``, drafting ``speedup`` times faster than plain."""
+    bucket, mix = key
+    for _ in range(samples):
+        g.begin(bucket, mix)
+        g.record_cycle(0.1, bucket, bucket, bucket, 0)
+        g.begin(bucket, mix)
+        g.record_cycle(0.1 / speedup, bucket, bucket, bucket, bucket)
+
+
+def test_a_tail_factor_switches_an_on_key_off_at_once_and_reads_in_its_verdict():
+    g = gate()
+    key = (8, frozenset({"support"}))
+    on_at(g, key, 1.05)
+    assert g.state(*key) == "on"
+    g.record_episode(key, 0.87)  # whole batches at 1.05 * 0.87 = 0.91x
+    assert g.state(*key) == "off" and g.factor(key) == pytest.approx(0.87)
+    other = (8, frozenset({"code"}))
+    on_at(g, other, 1.05)
+    g.record_episode(other, 1.3)  # a factor above 1 is read as 1: whole batches never promote
+    assert g.state(*other) == "on" and g.factor(other) == 1.0
+    readings = g.stats()[8]["mixes"]
+    assert readings["support"]["tail_factor"] == pytest.approx(0.87) and readings["support"]["gate"] == "off"
+
+
+def test_each_probe_that_leaves_a_key_off_doubles_its_interval():
+    g = gate(gate_probe_interval=4)
+    key = (8, frozenset({"d"}))
+    on_at(g, key, 0.5, samples=2)
+    assert g.state(*key) == "off"
+    starts, step = [], 0
+    while step < 600:
+        step += 1
+        if g.begin(*key) != "probe":
+            g.record_cycle(0.1, 8, 8, 8, 0)
+            continue
+        starts.append(step)
+        g.record_cycle(0.2, 8, 8, 8, 8)  # the catch-up step (not paired)
+        assert g.begin(*key) == "probe"
+        step += 1
+        g.record_cycle(0.2, 8, 8, 8, 8)  # the measured one: 0.5x, the key stays off
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert gaps[:3] == [8 + 1, 16 + 1, 32 + 1]  # interval doubled, + the measured step
+    assert set(gaps[3:]) == {(4 << MAX_BACKOFF) + 1}
+
+
+# ---------------------------------------------------------- the real proposer
+
+@pytest.mark.parametrize("joins", [False, True])
+def test_the_proposer_reports_each_whole_batch_to_the_gate(make_config, tokenizer, target, target_dir, verifier,
+                                                          joins):
+    from accel_plugin.speculative import DomainProposer
+
+    now = [0.0]
+    config = make_config(f"num_speculative_tokens: 2\ndefault: {{draft: {target_dir}}}\n"
+                         "controller: {min_samples: 2, gate_min_samples: 2}\n")
+    proposer = DomainProposer(config, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                              max_len=verifier.MAX_LEN, clock=lambda: now[0])
+    propose = proposer.propose
+    proposer.propose = lambda *a, **kw: (now.__setitem__(0, now[0] + 1.0), propose(*a, **kw))[1]
+    prompt = tokenizer("Customer: my refund ticket #123 is late").input_ids
+    first = [verifier.Request(list(prompt), 24), verifier.Request(list(prompt[:-1]), 8)]
+    late = {3: [verifier.Request(list(prompt[:-2]), 6)]} if joins else None
+    verifier.serve(proposer, target, first, arrivals=late)
+    verifier.serve(proposer, target, [verifier.Request(list(prompt), 4)])  # its start ends the first batch
+    factors = [m["tail_factor"] for m in proposer.step_stats()[2]["mixes"].values() if m["tail_factor"] is not None]
+    if joins:  # a row joined the first batch: no whole batch to measure
+        assert factors == []
+    else:  # every step costs the same here: the short row's early end is no loss
+        assert factors == [pytest.approx(1.0)]
