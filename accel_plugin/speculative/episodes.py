@@ -22,7 +22,7 @@ count not measured reads as its measured neighbours, interpolated):
 
 and its **tail factor** ``P / C`` (1 when rows keep pace, below 1 with a tail). The
 gate multiplies its cycle median at the episode's key (its first step's bucket and
-domain mix) by it. An episode with fewer than :data:`MIN_DRAFTING` of its cycles
+domain mix, and every other mix its steps began at with that bucket) by it. An episode with fewer than :data:`MIN_DRAFTING` of its cycles
 drafting says nothing about drafting and is dropped. Per call the work is O(rows).
 """
 
@@ -48,6 +48,7 @@ _KEPT = 32
 class _Episode:
     rows: dict  #: row id -> tokens received after the first call
     key: object = None  #: the gate key of its first step
+    keys: set = field(default_factory=set)  #: the keys its steps began at, at its first step's bucket
     cycles: list = field(default_factory=list)  #: (rows, tokens, drafted)
 
 
@@ -107,9 +108,11 @@ class Episodes:
         if seconds is not None and seconds > 0 and rows > 0 and not drafted:
             self._plain.setdefault(rows, deque(maxlen=_KEPT)).append(seconds)
 
-    def record_rows(self, tokens: Mapping[Hashable, int], joined: int) -> tuple[object, float] | None:
+    def record_rows(self, tokens: Mapping[Hashable, int], joined: int) -> tuple[list, float] | None:
         """This call's decoding rows (id -> tokens received) of which ``joined`` are new.
-        Returns ``(key, tail factor)`` of the episode this call ended, if it counts."""
+        Returns ``(keys, tail factor)`` of the episode this call ended, if it counts: the
+        keys its steps began at with its first step's bucket (a mix may change from step to
+        step, as prompt lookup matches come and go)."""
         cycle, self._cycle = self._cycle, None
         ep = self._current
         if joined and joined == len(tokens):  # every row new: a new episode
@@ -128,16 +131,19 @@ class Episodes:
         ep.cycles.append(cycle[1:])
         return None
 
-    def set_key(self, key: object) -> None:
-        """The key of the step that begins now (kept if it is an episode's first)."""
-        if self._current is not None and self._current.key is None:
-            self._current.key = key
+    def set_key(self, key: tuple) -> None:
+        """The gate key (bucket, mix) of the step that begins now."""
+        ep = self._current
+        if ep is not None:
+            ep.key = key if ep.key is None else ep.key
+            if key[0] == ep.key[0]:
+                ep.keys.add(key)
 
-    def _finish(self, ep: _Episode) -> tuple[object, float] | None:
+    def _finish(self, ep: _Episode) -> tuple[list, float] | None:
         if ep.key is None or not ep.cycles:
             return None
         if sum(1 for _, _, d in ep.cycles if d) < MIN_DRAFTING * len(ep.cycles):
             return None
         plain = {r: median(times) for r, times in self._plain.items() if times}
         factor = tail_factor(list(ep.rows.values()), ep.cycles, plain)
-        return None if factor is None else (ep.key, factor)
+        return None if factor is None else (sorted(ep.keys, key=repr), factor)

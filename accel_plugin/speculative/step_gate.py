@@ -24,8 +24,8 @@ machine slows both.
 
 **Whole batches.** A batch that starts together and that no row joins pays for
 drafting in its tail too (rows that drafted finish unevenly): :mod:`.episodes`
-measures each such batch's *tail factor*, and the gate reads a key's cycle median
-times the median of its last 4 factors (1 where none).
+measures each such batch's *tail factor* (kept at each key of its first bucket), and
+the gate reads a key's cycle median times the median of its last 4 factors (1 where none).
 
 **Gate.** Per key: ``warmup`` until ``gate_min_samples`` samples, then ``on`` or
 ``off`` by the median of the last ``gate_window`` (times the tail factor): on goes off below
@@ -176,8 +176,8 @@ class StepGate:
         """This call's decoding rows (an id each -> tokens received), ``joined`` of them new
         (after :meth:`record_cycle`, before :meth:`begin`): the whole batches (:mod:`.episodes`)."""
         done = self.episodes.record_rows(tokens, joined)
-        if done is not None:
-            self.record_episode(*done)
+        for key in done[0] if done is not None else ():
+            self.record_episode(key, done[1])
 
     def record_episode(self, key: GateKey, factor: float) -> None:
         """A whole batch that began at ``key`` had this tail factor (at most 1 is kept)."""
