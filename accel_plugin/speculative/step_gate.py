@@ -37,7 +37,8 @@ drafting steps, the first to let the drafts catch up on the plain steps' tokens
 (not paired), the second measured against its plain neighbours. Each probe that
 leaves the key off doubles its interval, up to :data:`MAX_BACKOFF` doublings (a
 probe drafts for every row, draft prefills included); a switch resets it. A tail
-factor that brings an on key below ``min_speedup`` switches it off at once.
+factor that brings an on key below ``min_speedup`` switches it off at once, its
+probes at the longest interval from the start.
 
 **Step model.** :func:`plan_step` predicts the speedup of drafting a step, over all
 its rows and every draft model that runs in it::
@@ -226,7 +227,7 @@ class StepGate:
         at.pending += 1
         if at.pending >= cfg.gate_switch_after or at_once and not want_on:
             at.state, at.pending, at.off_steps = (GateState.ON if want_on else GateState.OFF), 0, 0
-            at.backoff = 0
+            at.backoff = MAX_BACKOFF if at_once else 0  # a whole batch's verdict needs no quick recheck
             for _ in range(len(at.samples) - cfg.gate_min_samples):
                 at.samples.popleft()
 

@@ -96,6 +96,8 @@ def test_a_tail_factor_switches_an_on_key_off_at_once_and_reads_in_its_verdict()
     assert g.state(*key) == "on"
     g.record_episode(key, 0.87)  # whole batches at 1.05 * 0.87 = 0.91x
     assert g.state(*key) == "off" and g.factor(key) == pytest.approx(0.87)
+    verdicts = [g.begin(*key) for _ in range((16 << MAX_BACKOFF) + 1)]  # probes at the longest interval at once
+    assert verdicts.count("probe") == 2 and verdicts[-2:] == ["probe", "probe"]
     other = (8, frozenset({"code"}))
     on_at(g, other, 1.05)
     g.record_episode(other, 1.3)  # a factor above 1 is read as 1: whole batches never promote
