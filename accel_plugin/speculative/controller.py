@@ -32,7 +32,7 @@ Per domain and bucket the controller decides on or off and k:
   once every ``probe_interval`` of its steps. A domain whose draft model failed
   is off for good (state ``failed``).
 
-Per step, the step model (:func:`.step_gate.plan_step`, given every row's domain)
+Per step, the step model (:func:`.step_model.plan_step`, given every row's domain)
 drops domains whose drafting costs the step more than its rows gain; the measured
 step gate (:class:`.step_gate.StepGate`) wins over all: at a bucket and domain mix
 it switched off, no row drafts but its probes. Calibration steps come every other step until a
@@ -52,7 +52,8 @@ from .costs import MIN_PAIRS, StepCosts, batch_bucket, nearest
 from .domain_stats import DomainState, DomainStats
 from .draft_config.schema import ControllerConfig
 from .speedup import best_k, expected_speedup, expected_tokens
-from .step_gate import GateState, StepGate, plan_step
+from .step_gate import GateState, StepGate
+from .step_model import plan_step
 
 # batch_bucket re-exported from .costs, best_k from .speedup
 __all__ = ["DomainController", "batch_bucket", "best_k", "expected_speedup", "expected_tokens"]

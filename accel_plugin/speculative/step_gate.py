@@ -1,4 +1,4 @@
-"""The step's verdict: measured whole cycles per batch bucket, and the step model.
+"""The step's verdict: measured whole cycles per batch bucket and domain mix.
 
 **Cycles.** A cycle runs from the start of one ``propose`` call to the start of the
 next: that call's drafting and host work, the framework's target step that
@@ -32,52 +32,43 @@ the gate reads a key's cycle median times the median of its last 4 factors (1 wh
 ``min_speedup``, off goes on at ``min_speedup * (1 + hysteresis)``, either after
 ``gate_switch_after`` consecutive samples that ask for it (a switch keeps only the
 last ``gate_min_samples`` samples, so the next verdict reads the new regime). At an
-off key no row drafts, except a probe every ``gate_probe_interval`` steps: two
-drafting steps, the first to let the drafts catch up on the plain steps' tokens
-(not paired), the second measured against its plain neighbours. Each probe that
-leaves the key off doubles its interval, up to :data:`MAX_BACKOFF` doublings (a
-probe drafts for every row, draft prefills included); a switch resets it. A tail
-factor that brings an on key below ``min_speedup`` switches it off at once, its
-probes at the longest interval from the start.
+off key no row drafts, except a probe after :func:`probe_interval` steps
+(``gate_probe_interval`` times the bucket, at most 8): two drafting
+steps, the first to let the drafts catch up on the plain steps' tokens (not
+paired), the second measured against its plain neighbours. Each probe that leaves
+the key off doubles the interval, up to :data:`MAX_BACKOFF` doublings; a switch
+resets it. A tail factor that brings an on key below ``min_speedup`` (its cycles
+alone above) switches it off at once, its probes at the longest interval.
 
-**Step model.** :func:`plan_step` predicts the speedup of drafting a step, over all
-its rows and every draft model that runs in it::
-
-    S_step = (sum over rows of E(a_row, k_row)) / rows
-             / (1 + v(drafts per row) + sum over drafts run of k_d c_d + h)
-
-``E`` is :func:`.speedup.expected_tokens` (1 for a row that drafts nothing), ``k_d``
-the most tokens draft ``d`` drafts for a row (its forwards), ``c_d`` its cost ratio
-at this bucket, ``h`` the host time of a drafting ``propose`` call beyond its draft
-forwards and beyond a plain call's, in plain target steps. It keeps the subset of
-domains (and their k) with the largest ``S_step``; none when that is below
-``min_speedup``. Host work per step is O(domains in the step), not O(context).
+The step model (:func:`.step_model.plan_step`) predicts; this gate measures.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from itertools import combinations
 
 from .costs import median, nearest
 from .draft_config.schema import ControllerConfig
 from .episodes import Episodes
-from .speedup import expected_tokens
 
-__all__ = ["ADJACENT", "MAX_BACKOFF", "GateKey", "GateState", "StepGate", "mix_name", "plan_step", "step_speedup"]
+__all__ = ["ADJACENT", "MAX_BACKOFF", "GateKey", "GateState", "StepGate", "mix_name", "probe_interval"]
 
 #: a drafting and a plain cycle pair when at most this many timed cycles apart
 ADJACENT = 3
-#: domains in one step up to which every subset is tried (beyond: greedy drop)
-_ENUMERATE = 4
 #: times kept per bucket for the readings (cycle_ms, draft_ms ...)
 _KEPT = 64
 #: doublings of an off key's probe interval, at most
 MAX_BACKOFF = 3
 #: tail factors of whole batches kept per key
 _FACTORS = 4
+
+
+def probe_interval(base: int, bucket: int, backoff: int) -> int:
+    """Steps between an off key's probes: ``base`` times the bucket (at most 8: a probe
+    drafts for every row, draft prefills included), doubled ``backoff`` times."""
+    return base * min(bucket, 8) << backoff
 
 
 #: (batch bucket, the step's domain mix): what the gate keeps a verdict for
@@ -209,12 +200,18 @@ class StepGate:
         self._judge(at)
 
     def _judge(self, at: _Bucket, at_once: bool = False) -> None:
-        """Re-read the verdict from the samples (times the tail factor); ``at_once``: a
-        tail factor arrived, which switches an on key off without waiting."""
+        """Re-read the verdict from the samples times the tail factor. ``at_once``: a tail
+        factor arrived; it switches an on key off without waiting only where the cycles
+        alone would keep it on (else the samples decide, as ever)."""
         cfg = self.cfg
         if len(at.samples) < cfg.gate_min_samples:
             return
-        m = median(at.samples) * (median(at.factors) if at.factors else 1.0)
+        cycles = median(at.samples)
+        m = cycles * (median(at.factors) if at.factors else 1.0)
+        if at_once:
+            if at.state == GateState.ON and cycles >= cfg.min_speedup > m:
+                self._switch(at, GateState.OFF, backoff=MAX_BACKOFF)  # a whole batch needs no quick recheck
+            return
         if at.state == GateState.WARMUP:
             at.state = GateState.ON if m >= cfg.min_speedup else GateState.OFF
             at.off_steps = at.backoff = 0
@@ -225,11 +222,14 @@ class StepGate:
             at.pending = 0
             return
         at.pending += 1
-        if at.pending >= cfg.gate_switch_after or at_once and not want_on:
-            at.state, at.pending, at.off_steps = (GateState.ON if want_on else GateState.OFF), 0, 0
-            at.backoff = MAX_BACKOFF if at_once else 0  # a whole batch's verdict needs no quick recheck
-            for _ in range(len(at.samples) - cfg.gate_min_samples):
-                at.samples.popleft()
+        if at.pending >= cfg.gate_switch_after:
+            self._switch(at, GateState.ON if want_on else GateState.OFF)
+
+    def _switch(self, at: _Bucket, state: str, backoff: int = 0) -> None:
+        """A switch keeps only the last ``gate_min_samples`` samples (the next verdict reads the new regime)."""
+        at.state, at.pending, at.off_steps, at.backoff = state, 0, 0, backoff
+        for _ in range(len(at.samples) - self.cfg.gate_min_samples):
+            at.samples.popleft()
 
     # ------------------------------------------------------------------ deciding
 
@@ -249,7 +249,7 @@ class StepGate:
             at.probe_left -= 1
             return "probe"
         at.off_steps += 1
-        if at.off_steps >= self.cfg.gate_probe_interval << at.backoff:
+        if at.off_steps >= probe_interval(self.cfg.gate_probe_interval, bucket, at.backoff):
             at.off_steps, at.probe_left = 0, 1
             at.backoff = min(at.backoff + 1, MAX_BACKOFF)  # the next one, if this one leaves the key off
             self._current = (key, True)
@@ -334,67 +334,3 @@ class StepGate:
             parts.append(f"batch<={b}: gate={g['gate']} predicted={x(g['predicted_speedup'])} "
                          f"measured={x(g['measured_speedup'])} samples={g['samples']}{mixes}")
         return parts
-
-
-
-# ---------------------------------------------------------------- step model
-
-def step_speedup(rows: int, plan: dict[str, int], counts: dict[str, int], alphas: dict[str, float],
-                 costs: dict[str, float], draft_of: dict[str, str], verify: Callable[[float], float],
-                 host: float) -> float:
-    """``S_step`` (module docstring) of drafting ``plan[d]`` tokens for the ``counts[d]``
-    rows of each domain ``d`` (the other rows of the ``rows`` draft nothing);
-    ``costs`` holds c per domain, ``verify(drafts per row)`` gives v."""
-    drafted = sum(counts[d] * k for d, k in plan.items() if k)
-    if not drafted:
-        return 1.0
-    tokens = rows - sum(counts[d] for d, k in plan.items() if k)
-    forwards: dict[str, tuple[int, float]] = {}
-    for d, k in plan.items():
-        if k:
-            tokens += counts[d] * expected_tokens(alphas[d], k)
-            k_run, c_run = forwards.get(draft_of[d], (0, 0.0))  # a draft shared by domains runs once
-            forwards[draft_of[d]] = (max(k_run, k), max(c_run, costs[d]))
-    cost = 1.0 + verify(drafted / rows) + sum(k * c for k, c in forwards.values()) + host
-    return tokens / rows / cost
-
-
-def plan_step(rows: int, ks: dict[str, int], counts: dict[str, int], alphas: dict[str, float],
-              costs: dict[str, float], draft_of: dict[str, str], verify: Callable[[float], float],
-              host: float, k_max: dict[str, int]) -> tuple[dict[str, int], float]:
-    """The plan (domain -> k, 0 = dropped) among the domains of ``ks`` (their
-    per-domain k) with the largest :func:`step_speedup`, and that speedup.
-
-    Every subset of up to :data:`_ENUMERATE` domains is tried (a greedy drop beyond),
-    then each kept domain's k once over ``1..k_max``. The plan may predict below 1:
-    the caller compares it with ``min_speedup``.
-    """
-    names = sorted(d for d, k in ks.items() if k > 0)
-
-    def score(plan: dict[str, int]) -> float:
-        return step_speedup(rows, plan, counts, alphas, costs, draft_of, verify, host)
-
-    def of(subset: Iterable[str]) -> dict[str, int]:
-        keep = set(subset)
-        return {d: (ks[d] if d in keep else 0) for d in names}
-
-    if not names:
-        return {}, 1.0
-    if len(names) <= _ENUMERATE:
-        subsets = [c for n in range(1, len(names) + 1) for c in combinations(names, n)]
-        best = max((of(s) for s in subsets), key=score)
-    else:
-        best = of(names)
-        while sum(1 for k in best.values() if k) > 1:
-            drops = [{**best, d: 0} for d, k in best.items() if k]
-            better = max(drops, key=score)
-            if score(better) <= score(best):
-                break
-            best = better
-    best_s = score(best)
-    for d in [d for d, k in best.items() if k]:
-        for k in range(1, k_max[d] + 1):
-            s = score({**best, d: k})
-            if s > best_s + 1e-12:
-                best, best_s = {**best, d: k}, s
-    return best, best_s

@@ -8,7 +8,7 @@ import pytest
 
 from accel_plugin.speculative.draft_config.schema import ControllerConfig
 from accel_plugin.speculative.episodes import Episodes, tail_factor
-from accel_plugin.speculative.step_gate import MAX_BACKOFF, StepGate
+from accel_plugin.speculative.step_gate import MAX_BACKOFF, StepGate, probe_interval
 
 
 def test_tail_factor_is_one_when_rows_keep_pace_and_below_one_with_a_tail():
@@ -96,12 +96,20 @@ def test_a_tail_factor_switches_an_on_key_off_at_once_and_reads_in_its_verdict()
     assert g.state(*key) == "on"
     g.record_episode(key, 0.87)  # whole batches at 1.05 * 0.87 = 0.91x
     assert g.state(*key) == "off" and g.factor(key) == pytest.approx(0.87)
-    verdicts = [g.begin(*key) for _ in range((16 << MAX_BACKOFF) + 1)]  # probes at the longest interval at once
+    verdicts = [g.begin(*key) for _ in range(probe_interval(16, 8, MAX_BACKOFF) + 1)]  # the longest interval at once
     assert verdicts.count("probe") == 2 and verdicts[-2:] == ["probe", "probe"]
     other = (8, frozenset({"code"}))
     on_at(g, other, 1.05)
     g.record_episode(other, 1.3)  # a factor above 1 is read as 1: whole batches never promote
     assert g.state(*other) == "on" and g.factor(other) == 1.0
+    dipped = (1, frozenset({"code"}))
+    on_at(g, dipped, 1.2, samples=2)
+    for seconds, drafted in [(0.2, 1), (0.1, 0), (0.2, 1)]:  # slow drafting cycles: 3 samples of 0.5x
+        g.begin(*dipped)
+        g.record_cycle(seconds, 1, 1, 1, drafted)
+    assert g.stats()[1]["mixes"]["code"]["measured_speedup"] < 1 and g.state(*dipped) == "on"  # 1 of 2 to switch
+    g.record_episode(dipped, 1.0)  # a whole batch at factor 1 does not turn the cycles' dip into a switch
+    assert g.state(*dipped) == "on"
     readings = g.stats()[8]["mixes"]
     assert readings["support"]["tail_factor"] == pytest.approx(0.87) and readings["support"]["gate"] == "off"
 
@@ -112,7 +120,7 @@ def test_each_probe_that_leaves_a_key_off_doubles_its_interval():
     on_at(g, key, 0.5, samples=2)
     assert g.state(*key) == "off"
     starts, step = [], 0
-    while step < 600:
+    while step < 4000:
         step += 1
         if g.begin(*key) != "probe":
             g.record_cycle(0.1, 8, 8, 8, 0)
@@ -123,8 +131,9 @@ def test_each_probe_that_leaves_a_key_off_doubles_its_interval():
         step += 1
         g.record_cycle(0.2, 8, 8, 8, 8)  # the measured one: 0.5x, the key stays off
     gaps = [b - a for a, b in zip(starts, starts[1:])]
-    assert gaps[:3] == [8 + 1, 16 + 1, 32 + 1]  # interval doubled, + the measured step
-    assert set(gaps[3:]) == {(4 << MAX_BACKOFF) + 1}
+    base = 4 * 8  # gate_probe_interval times the bucket: a probe drafts for all 8 rows
+    assert gaps[:3] == [2 * base + 1, 4 * base + 1, 8 * base + 1]  # interval doubled, + the measured step
+    assert set(gaps[3:]) == {(base << MAX_BACKOFF) + 1}
 
 
 # ---------------------------------------------------------- the real proposer
