@@ -35,10 +35,10 @@ last ``gate_min_samples`` samples, so the next verdict reads the new regime). At
 off key no row drafts, except a probe after :func:`probe_interval` steps
 (``gate_probe_interval`` times the bucket, at most 8): two drafting
 steps, the first to let the drafts catch up on the plain steps' tokens (not
-paired), the second measured against its plain neighbours. Each probe that leaves
-the key off doubles the interval, up to :data:`MAX_BACKOFF` doublings; a switch
-resets it. A tail factor that brings an on key below ``min_speedup`` (its cycles
-alone above) switches it off at once, its probes at the longest interval.
+paired), the second measured against its plain neighbours. A tail factor that
+brings an on key below ``min_speedup`` (its cycles alone above) switches it off at
+once, its probes :data:`MAX_BACKOFF` doublings further apart (a whole batch is
+stronger evidence than a cycle); any other switch resets the interval.
 
 The step model (:func:`.step_model.plan_step`) predicts; this gate measures.
 """
@@ -59,8 +59,8 @@ __all__ = ["ADJACENT", "MAX_BACKOFF", "GateKey", "GateState", "StepGate", "mix_n
 ADJACENT = 3
 #: times kept per bucket for the readings (cycle_ms, draft_ms ...)
 _KEPT = 64
-#: doublings of an off key's probe interval, at most
-MAX_BACKOFF = 3
+#: doublings of the probe interval of a key a whole batch switched off
+MAX_BACKOFF = 2
 #: tail factors of whole batches kept per key
 _FACTORS = 4
 
@@ -98,7 +98,7 @@ class _Bucket:
     probe_left: int = 0  #: probe steps still to run (2: catch-up next, 1: measured next)
     samples: deque = field(default_factory=deque)
     total_samples: int = 0
-    backoff: int = 0  #: doublings of the probe interval (an off key's probes that left it off)
+    backoff: int = 0  #: doublings of the probe interval (MAX_BACKOFF after a whole batch's switch)
     factors: deque = field(default_factory=lambda: deque(maxlen=_FACTORS))  #: tail factors (episodes)
     last: dict = field(default_factory=dict)  #: drafting?: (tokens/s, rows, cycle index)
     plain_cycles: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
@@ -251,7 +251,6 @@ class StepGate:
         at.off_steps += 1
         if at.off_steps >= probe_interval(self.cfg.gate_probe_interval, bucket, at.backoff):
             at.off_steps, at.probe_left = 0, 1
-            at.backoff = min(at.backoff + 1, MAX_BACKOFF)  # the next one, if this one leaves the key off
             self._current = (key, True)
             return "probe"
         return GateState.OFF

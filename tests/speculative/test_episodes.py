@@ -114,26 +114,25 @@ def test_a_tail_factor_switches_an_on_key_off_at_once_and_reads_in_its_verdict()
     assert readings["support"]["tail_factor"] == pytest.approx(0.87) and readings["support"]["gate"] == "off"
 
 
-def test_each_probe_that_leaves_a_key_off_doubles_its_interval():
+def test_an_off_key_probes_after_the_interval_times_its_bucket():
     g = gate(gate_probe_interval=4)
-    key = (8, frozenset({"d"}))
-    on_at(g, key, 0.5, samples=2)
-    assert g.state(*key) == "off"
-    starts, step = [], 0
-    while step < 4000:
-        step += 1
-        if g.begin(*key) != "probe":
-            g.record_cycle(0.1, 8, 8, 8, 0)
-            continue
-        starts.append(step)
-        g.record_cycle(0.2, 8, 8, 8, 8)  # the catch-up step (not paired)
-        assert g.begin(*key) == "probe"
-        step += 1
-        g.record_cycle(0.2, 8, 8, 8, 8)  # the measured one: 0.5x, the key stays off
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
-    base = 4 * 8  # gate_probe_interval times the bucket: a probe drafts for all 8 rows
-    assert gaps[:3] == [2 * base + 1, 4 * base + 1, 8 * base + 1]  # interval doubled, + the measured step
-    assert set(gaps[3:]) == {(base << MAX_BACKOFF) + 1}
+    for bucket in (1, 8, 32):
+        key = (bucket, frozenset({"d"}))
+        on_at(g, key, 0.5, samples=2)
+        assert g.state(*key) == "off"
+        starts, step = [], 0
+        while step < 400:
+            step += 1
+            if g.begin(*key) != "probe":
+                g.record_cycle(0.1, bucket, bucket, bucket, 0)
+                continue
+            starts.append(step)
+            g.record_cycle(0.2, bucket, bucket, bucket, bucket)  # the catch-up step (not paired)
+            assert g.begin(*key) == "probe"
+            step += 1
+            g.record_cycle(0.2, bucket, bucket, bucket, bucket)  # the measured one: 0.5x, the key stays off
+        gaps = {b - a for a, b in zip(starts, starts[1:])}
+        assert gaps == {4 * min(bucket, 8) + 1}, bucket  # a probe drafts for every row: rarer at larger batches
 
 
 # ---------------------------------------------------------- the real proposer
