@@ -179,7 +179,10 @@ class StepGate:
 
     def factor(self, key: GateKey) -> float:
         """The tail factor the gate applies at ``key`` (1 while no whole batch measured one)."""
-        at = self._buckets.get(key)
+        return self._factor(self._buckets.get(key))
+
+    @staticmethod
+    def _factor(at: _Bucket | None) -> float:
         return 1.0 if at is None or not at.factors else median(at.factors)
 
     def record_call(self, bucket: int, seconds: float, draft_seconds: float, drafted: int) -> None:
@@ -207,7 +210,7 @@ class StepGate:
         if len(at.samples) < cfg.gate_min_samples:
             return
         cycles = median(at.samples)
-        m = cycles * (median(at.factors) if at.factors else 1.0)
+        m = cycles * self._factor(at)
         if at_once:
             if at.state == GateState.ON and cycles >= cfg.min_speedup > m:
                 self._switch(at, GateState.OFF, backoff=MAX_BACKOFF)  # a whole batch needs no quick recheck
