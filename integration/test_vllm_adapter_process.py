@@ -44,10 +44,12 @@ def test_one_plugin_manager_per_process():
         from accel_plugin.adapters.vllm import _patches
         print(json.dumps({"loads": len(loads), "registered": adapter._REGISTERED, "proposer": name,
                           "sampler_fix": _patches.sampler_fix_installed(),
+                          "no_draft_sampling": _patches.no_draft_sampling_installed(),
                           "proposer_class": f"{cls.__module__}.{cls.__name__}", "head_sizes": head_sizes}))
     """, ACCEL_ATTENTION_BACKEND="")
     assert out["registered"]
     assert not out["sampler_fix"], "the CPU sampler fix applies only with ACCEL_DRAFT_CONFIG set"
+    assert not out["no_draft_sampling"], "the no-draft sampling applies only with ACCEL_DRAFT_CONFIG set"
     assert out["loads"] == 1, out
     assert out["proposer"] == "ACCEL_DOMAIN_DRAFT"
     assert out["proposer_class"] == "accel_plugin.speculative.proposer.DomainProposer"
@@ -56,7 +58,7 @@ def test_one_plugin_manager_per_process():
 
 def test_every_patch_in_the_ledger_is_applied_and_undone(tiny_model_dir, tmp_path):
     """With ACCEL_ATTENTION_BACKEND=flash and ACCEL_DRAFT_CONFIG on CPU: names, selector,
-    CPU_ATTN override and sampler fix are applied; undo_all() gives vLLM its own selection
+    CPU_ATTN override, sampler fix and no-draft sampling are applied; undo_all() gives vLLM its own selection
     back (the names stay, inert)."""
     config = tmp_path / "drafts.yaml"
     config.write_text(f"num_speculative_tokens: 2\ndefault: {{draft: {tiny_model_dir('gqa-d32')}}}\n")
@@ -73,12 +75,14 @@ def test_every_patch_in_the_ledger_is_applied_and_undone(tiny_model_dir, tmp_pat
                    "cpu_override": _patches.cpu_override_active(),
                    "cpu_path": AttentionBackendEnum.CPU_ATTN.get_path(),
                    "sampler_fix": _patches.sampler_fix_installed(),
-                   "sampler_ok": not _patches.expand_batch_to_tokens_broken()}
+                   "sampler_ok": not _patches.expand_batch_to_tokens_broken(),
+                   "no_draft_sampling": _patches.no_draft_sampling_installed()}
         _patches.undo_all()
         undone = {"selector": _patches.installed(CpuPlatform),
                   "cpu_override": _patches.cpu_override_active(),
                   "cpu_path_restored": AttentionBackendEnum.CPU_ATTN.get_path() == original_cpu,
-                  "sampler_fix": _patches.sampler_fix_installed()}
+                  "sampler_fix": _patches.sampler_fix_installed(),
+                  "no_draft_sampling": _patches.no_draft_sampling_installed()}
         print(json.dumps({"applied": applied, "undone": undone, "ledger": [p.name for p in _patches.LEDGER],
                           "broken_before": broken_before}))
     """.replace("import accel_plugin.adapters.vllm as adapter",
@@ -90,9 +94,11 @@ def test_every_patch_in_the_ledger_is_applied_and_undone(tiny_model_dir, tmp_pat
     # patch 4 only where vLLM's own function is broken (vLLM CPU 0.32 here), and then it works
     assert out["applied"] == {"names": ["ACCEL_FLASH", "ACCEL_PAGED"], "selector": True, "cpu_override": True,
                               "cpu_path": "accel_plugin.adapters.vllm.backend.AccelFlashBackend",
-                              "sampler_fix": out["broken_before"], "sampler_ok": True}
+                              "sampler_fix": out["broken_before"], "sampler_ok": True,
+                              "no_draft_sampling": True}
+    assert out["ledger"][-1] == "no-draft sampling"
     assert out["undone"] == {"selector": False, "cpu_override": False, "cpu_path_restored": True,
-                             "sampler_fix": False}
+                             "sampler_fix": False, "no_draft_sampling": False}
 
 
 def test_the_sampler_fix_computes_what_vllm_documents():

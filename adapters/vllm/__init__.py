@@ -107,8 +107,8 @@ def _env_choice(logger, plugins, installable: list[str]) -> tuple[str | None, st
 
 
 def _install(logger, plugins, names: list[str]) -> str:
-    """Register names, the selector patch, the sampler fix (with ``ACCEL_DRAFT_CONFIG``)
-    and the env choice (the patches of :mod:`._patches`, in ledger order); returns a summary."""
+    """Register names, the selector patch, the sampler fix and the no-draft sampling (with
+    ``ACCEL_DRAFT_CONFIG``) and the env choice (the patches of :mod:`._patches`, in ledger order); returns a summary."""
     from accel_plugin import envs
 
     from . import _compat, _patches
@@ -125,6 +125,14 @@ def _install(logger, plugins, names: list[str]) -> str:
     if envs.draft_config_path() is not None and _patches.install_sampler_fix(platform_cls):
         logger.info("accel-plugin: vLLM CPU's expand_batch_to_tokens is broken here (temperatures of "
                     "speculative tokens unset); replaced with a torch version (patch ledger entry 4)")
+    if envs.draft_config_path() is not None:
+        if _patches.install_no_draft_sampling():
+            logger.debug("accel-plugin: speculative steps with no draft use vLLM's plain sampler (patch ledger "
+                         "entry 9)")
+        else:
+            logger.warning("accel-plugin: this vLLM's RejectionSampler.forward takes other arguments than "
+                           "0.30-0.32's; steps with no draft keep the rejection sampler (patch ledger entry 9 "
+                           "not applied)")
     setting, backend = _env_choice(logger, plugins, installable)
     _patches.set_env_choice(backend, setting)
     if backend is None:
