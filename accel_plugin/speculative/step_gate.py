@@ -25,7 +25,9 @@ machine slows both.
 **Whole batches.** A batch that starts together and that no row joins pays for
 drafting in its tail too (rows that drafted finish unevenly): :mod:`.episodes`
 measures each such batch's *tail factor* (kept at each key of its first bucket), and
-the gate reads a key's cycle median times the median of its last 4 factors (1 where none).
+the gate reads a key's cycle median times the median of its last 4 factors; a key with
+none borrows the median of its bucket's other keys' factors (a new mix of a bucket whose
+whole batches lose starts judged by them), 1 where the bucket has none.
 
 **Gate.** Per key: ``warmup`` until ``gate_min_samples`` samples, then ``on`` or
 ``off`` by the median of the last ``gate_window`` (times the tail factor): on goes off below
@@ -90,6 +92,7 @@ class GateState:
 
 @dataclass
 class _Bucket:
+    bucket: int = 0  #: the batch bucket of its key
     state: str = GateState.WARMUP
     pending: int = 0
     steps: int = 0  #: steps begun at this bucket
@@ -128,7 +131,7 @@ class StepGate:
 
     def _at(self, key: GateKey) -> _Bucket:
         if key not in self._buckets:
-            self._buckets[key] = _Bucket(samples=deque(maxlen=self.cfg.gate_window))
+            self._buckets[key] = _Bucket(bucket=key[0], samples=deque(maxlen=self.cfg.gate_window))
         return self._buckets[key]
 
     def _key(self, bucket: int) -> GateKey:
@@ -176,14 +179,21 @@ class StepGate:
         at = self._at(key)
         at.factors.append(min(1.0, factor))
         self._judge(at, at_once=True)
+        for other in self._buckets.values():  # the mixes of this bucket that borrow the bucket's factor
+            if other.bucket == at.bucket and not other.factors:
+                self._judge(other, at_once=True)
 
     def factor(self, key: GateKey) -> float:
-        """The tail factor the gate applies at ``key`` (1 while no whole batch measured one)."""
-        return self._factor(self._buckets.get(key))
+        """The tail factor the gate applies at ``key``: the median of its own last whole
+        batches'; for a key with none, the median of those of its bucket's other mixes
+        (the tail is the batch's, whichever domains drafted); 1 where the bucket has none."""
+        return self._factor(key[0], self._buckets.get(key))
 
-    @staticmethod
-    def _factor(at: _Bucket | None) -> float:
-        return 1.0 if at is None or not at.factors else median(at.factors)
+    def _factor(self, bucket: int, at: _Bucket | None) -> float:
+        if at is not None and at.factors:
+            return median(at.factors)
+        pooled = [f for other in self._buckets.values() if other.bucket == bucket for f in other.factors]
+        return median(pooled) if pooled else 1.0
 
     def record_call(self, bucket: int, seconds: float, draft_seconds: float, drafted: int) -> None:
         """This ``propose`` call took ``seconds``, ``draft_seconds`` of them in draft models."""
@@ -210,7 +220,7 @@ class StepGate:
         if len(at.samples) < cfg.gate_min_samples:
             return
         cycles = median(at.samples)
-        m = cycles * self._factor(at)
+        m = cycles * self._factor(at.bucket, at)
         if at_once:
             if at.state == GateState.ON and cycles >= cfg.min_speedup > m:
                 self._switch(at, GateState.OFF, backoff=MAX_BACKOFF)  # a whole batch needs no quick recheck

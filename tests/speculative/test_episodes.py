@@ -98,7 +98,7 @@ def test_a_tail_factor_switches_an_on_key_off_at_once_and_reads_in_its_verdict()
     assert g.state(*key) == "off" and g.factor(key) == pytest.approx(0.87)
     verdicts = [g.begin(*key) for _ in range(probe_interval(16, 8, MAX_BACKOFF) + 1)]  # the longest interval at once
     assert verdicts.count("probe") == 2 and verdicts[-2:] == ["probe", "probe"]
-    other = (8, frozenset({"code"}))
+    other = (16, frozenset({"code"}))  # another bucket: nothing borrowed from bucket 8
     on_at(g, other, 1.05)
     g.record_episode(other, 1.3)  # a factor above 1 is read as 1: whole batches never promote
     assert g.state(*other) == "on" and g.factor(other) == 1.0
@@ -159,3 +159,30 @@ def test_the_proposer_reports_each_whole_batch_to_the_gate(make_config, tokenize
         assert factors == []
     else:  # every step costs the same here: the short row's early end is no loss
         assert factors == [pytest.approx(1.0)]
+
+
+def test_a_mix_with_no_whole_batch_of_its_own_borrows_its_buckets_factor():
+    """The tail is the batch's: a new mix of a bucket whose whole batches lose is judged by
+    their factor from its first verdict on, until whole batches of its own arrive."""
+    g = gate()
+    support, mixed, single = (8, frozenset({"support"})), (8, frozenset({"default", "support"})), (1, frozenset({"support"}))
+    assert g.factor(mixed) == 1.0  # nothing measured anywhere
+    for factor in (0.80, 0.90, 0.85):
+        g.record_episode(support, factor)
+    assert g.factor(mixed) == pytest.approx(0.85) and g.factor(single) == 1.0  # the same bucket only
+    on_at(g, mixed, 1.10)  # cycles alone 1.10x: with the borrowed factor 0.94x
+    assert g.state(*mixed) == "off"
+    on_at(g, single, 1.10)
+    assert g.state(*single) == "on"
+    g.record_episode(mixed, 1.0)  # its own whole batch now: its own factor
+    assert g.factor(mixed) == 1.0
+
+
+def test_a_factor_arriving_in_the_bucket_switches_the_borrowing_mixes_off_at_once():
+    g = gate()
+    code, support = (8, frozenset({"code"})), (8, frozenset({"support"}))
+    on_at(g, code, 1.05)
+    on_at(g, support, 1.05)
+    assert g.state(*code) == g.state(*support) == "on"
+    g.record_episode(support, 0.85)
+    assert g.state(*support) == "off" and g.state(*code) == "off"  # code had no whole batch of its own
