@@ -20,21 +20,13 @@ import argparse
 import statistics
 import time
 
-
-def _batches(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        values = ()
-    if not values or any(not 1 <= v <= 1024 for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes 1..1024, e.g. 1,8,64; got {text!r}")
-    return values
+from benchmarks.speculative_sweep import batch_sizes
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.no_draft_sampling",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=_batches, default=(1, 8, 16, 32, 64), help="default: 1,8,16,32,64")
+    parser.add_argument("--batches", type=batch_sizes, default=(1, 8, 16, 32, 64), help="default: 1,8,16,32,64")
     parser.add_argument("--vocab", type=int, default=49152, help="logits columns (default: %(default)s)")
     parser.add_argument("--calls", type=int, default=200, help="timed calls per cell (default: %(default)s)")
     args = parser.parse_args(argv)

@@ -30,7 +30,8 @@ from accel_plugin.demo.report import paired_ratio, summarise
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
 
-def _batches(text: str) -> tuple[int, ...]:
+def batch_sizes(text: str) -> tuple[int, ...]:
+    """An argparse type: comma-separated batch sizes 1..256 (``1,8,64``)."""
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
@@ -42,7 +43,7 @@ def _batches(text: str) -> tuple[int, ...]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.speculative_sweep", description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=_batches, default=BATCHES, help="batch sizes (default: 1,2,4,8,16,32,64)")
+    parser.add_argument("--batches", type=batch_sizes, default=BATCHES, help="batch sizes (default: 1,2,4,8,16,32,64)")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens per prompt (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of timed batches (default: %(default)s)")
     parser.add_argument("--set", default="support", help="prompt set of the family (default: %(default)s)")
