@@ -5,10 +5,11 @@ With a speculative config, vLLM's model runner sends every step through
 ``RejectionSampler.forward``, also a step for which the proposer returned no draft for
 any row (the step gate switched drafting off). That call copies the logits twice more
 than plain sampling (the bonus rows, gathered, and their raw logits kept for logprobs
-with ``max_num_logprobs=-1``), each a fresh ``batch x vocab`` float32 buffer: measured
-on this 2-core CPU with a 49152-token vocabulary, greedy, 0.28 ms against 0.09 ms at
-batch 1, 0.76 against 0.21 ms at 8, 5.7 against 0.56 ms at 32 and 22.9 against 2.1 ms at
-64 (about 6% of a batch-64 step). With no draft the rejection sampler's result is the
+with ``max_num_logprobs=-1``), each a fresh ``batch x vocab`` float32 buffer: on the
+2-core CPU with a 49152-token vocabulary, greedy (``python -m benchmarks.no_draft_sampling``,
+medians), 0.24 ms against 0.09 ms patched at batch 1, 0.46 against 0.14 ms at 8, 1.7
+against 0.43 ms at 32 and 8.2 against 1.4 ms at 64 (about 2% of a batch-64 step; single
+calls reached 23 ms). With no draft the rejection sampler's result is the
 bonus token of each row, which is what the sampler it wraps computes, called exactly as
 the rejection sampler calls it (``predict_bonus_token=True``: same logits processors,
 same generators; vLLM draws nothing from a seeded request's generator for a row without

@@ -124,8 +124,8 @@ target
 why
     when the step gate switches drafting off, vLLM still sends every step through the
     rejection sampler, which copies the whole logits twice more than plain sampling:
-    0.76 ms against 0.21 ms at batch 8 and 22.9 ms against 2.1 ms at batch 64 on the
-    2-core CPU (SmolLM2's 49152-token vocabulary). A step with no draft for any row and
+    0.46 ms against 0.14 ms at batch 8 and 8.2 ms against 1.4 ms at batch 64 on the
+    2-core CPU (SmolLM2's 49152-token vocabulary; ``python -m benchmarks.no_draft_sampling``). A step with no draft for any row and
     no logprobs requested gets the sampler's own output, the bonus token the rejection
     sampler would return (the same call, the same generators); every other step runs
     vLLM's method unchanged.
@@ -362,8 +362,8 @@ NO_DRAFT_SAMPLING = ProbedPatch(
     revert=uninstall_no_draft_sampling, state=rejection_forward,
     target="vllm.v1.sample.rejection_sampler.RejectionSampler.forward (only with ACCEL_DRAFT_CONFIG set)",
     why="a speculative step with no draft for any row still pays the rejection sampler's logits copies "
-        "(0.76 vs 0.21 ms at batch 8, 22.9 vs 2.1 ms at 64 on a 2-core CPU); it gets the plain sampler's "
-        "identical result",
+        "(0.46 vs 0.14 ms at batch 8, 8.2 vs 1.4 ms at 64 on a 2-core CPU, medians); it gets the plain "
+        "sampler's identical result",
     undo="uninstall_no_draft_sampling()",
     upstream="vLLM's model runner using its plain sampler for a speculative step with no drafts")
 
