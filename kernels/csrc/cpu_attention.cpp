@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -34,6 +35,18 @@ namespace {
 constexpr int kMaxHeadDim = 256;
 constexpr int kRows = 16;   // query rows per work item (a GQA group x queries of a sequence)
 constexpr int kChunk = 32;  // keys scored before each online-softmax update
+
+// Numbers and shapes enter error messages as strings made here: in an extension built by
+// g++ 13.3 against torch 2.11.0+cu130 (an H200 machine's image, 2026-12-04), inserting an
+// integer into the message's std::ostream crashed the process (SIGSEGV in
+// basic_ostream::_M_insert<long>) instead of raising; inserting strings is safe there.
+inline std::string num(int64_t v) { return std::to_string(v); }
+
+inline std::string shape(at::IntArrayRef sizes) {
+  std::string text = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) text += (i ? ", " : "") + std::to_string(sizes[i]);
+  return text + "]";
+}
 
 inline float to_float(c10::Half x) { return static_cast<float>(x); }
 
@@ -356,16 +369,16 @@ void check_paged(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k
                  const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens, const at::Tensor& block_table) {
   const char* fn = "accel_cpu.paged_attention: ";
   TORCH_CHECK(q.dim() == 3 && out.sizes() == q.sizes(), fn, "q and out must be [total_q, num_heads, head_dim], "
-              "the same shape; got ", q.sizes(), " and ", out.sizes());
+              "the same shape; got ", shape(q.sizes()), " and ", shape(out.sizes()));
   TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), fn, "k_cache and v_cache must be "
-              "[num_blocks, block_size, num_kv_heads, head_dim], the same shape; got ", k_cache.sizes(), " and ",
-              v_cache.sizes());
-  TORCH_CHECK(k_cache.size(3) == q.size(2), fn, "head_dim of the cache (", k_cache.size(3), ") must equal q's (",
-              q.size(2), ")");
-  TORCH_CHECK(q.size(2) >= 1 && q.size(2) <= kMaxHeadDim, fn, "head_dim must be in [1, ", kMaxHeadDim, "]; got ",
-              q.size(2));
-  TORCH_CHECK(k_cache.size(2) >= 1 && q.size(1) % k_cache.size(2) == 0, fn, "num_heads (", q.size(1),
-              ") must be a multiple of num_kv_heads (", k_cache.size(2), ")");
+              "[num_blocks, block_size, num_kv_heads, head_dim], the same shape; got ", shape(k_cache.sizes()),
+              " and ", shape(v_cache.sizes()));
+  TORCH_CHECK(k_cache.size(3) == q.size(2), fn, "head_dim of the cache (", num(k_cache.size(3)), ") must equal q's (",
+              num(q.size(2)), ")");
+  TORCH_CHECK(q.size(2) >= 1 && q.size(2) <= kMaxHeadDim, fn, "head_dim must be in [1, ", num(kMaxHeadDim), "]; got ",
+              num(q.size(2)));
+  TORCH_CHECK(k_cache.size(2) >= 1 && q.size(1) % k_cache.size(2) == 0, fn, "num_heads (", num(q.size(1)),
+              ") must be a multiple of num_kv_heads (", num(k_cache.size(2)), ")");
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&out, &k_cache, &v_cache}) {
     TORCH_CHECK(t->scalar_type() == q.scalar_type(), fn, "q, out, k_cache and v_cache must share one dtype");
   }
@@ -382,7 +395,7 @@ void check_paged(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k
                   cu_seqlens_q.is_contiguous() && cu_seqlens_q.numel() == batch + 1,
               fn, "seq_lens must be [batch] and cu_seqlens_q [batch + 1], contiguous");
   TORCH_CHECK(block_table.dim() == 2 && block_table.size(0) == batch, fn,
-              "block_table must be [batch, max_blocks_per_seq]; got ", block_table.sizes());
+              "block_table must be [batch, max_blocks_per_seq]; got ", shape(block_table.sizes()));
   const int32_t* cu = cu_seqlens_q.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int32_t* bt = block_table.data_ptr<int32_t>();
@@ -391,17 +404,17 @@ void check_paged(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k
               "cu_seqlens_q must start at >= 0 and end at <= q.shape[0]");
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t q_len = static_cast<int64_t>(cu[b + 1]) - cu[b];
-    TORCH_CHECK(q_len >= 0, fn, "cu_seqlens_q must be non-decreasing (sequence ", b, ")");
+    TORCH_CHECK(q_len >= 0, fn, "cu_seqlens_q must be non-decreasing (sequence ", num(b), ")");
     if (q_len == 0) continue;  // skipped: its table row is never read
-    TORCH_CHECK(lens[b] >= q_len, fn, "seq_lens[", b, "] (", lens[b], ") must be >= its query length (", q_len,
-                ")");
+    TORCH_CHECK(lens[b] >= q_len, fn, "seq_lens[", num(b), "] (", num(lens[b]), ") must be >= its query length (",
+                num(q_len), ")");
     const int64_t used = (lens[b] + bs - 1) / bs;
-    TORCH_CHECK(used <= width, fn, "seq_lens[", b, "] (", lens[b], ") needs ", used,
-                " blocks; block_table has ", width, " per sequence");
+    TORCH_CHECK(used <= width, fn, "seq_lens[", num(b), "] (", num(lens[b]), ") needs ", num(used),
+                " blocks; block_table has ", num(width), " per sequence");
     for (int64_t i = 0; i < used; ++i) {
       const int32_t id = bt[b * block_table.stride(0) + i];
-      TORCH_CHECK(id >= 0 && id < num_blocks, fn, "block_table[", b, ", ", i, "] = ", id,
-                  " is outside [0, num_blocks = ", num_blocks, ")");
+      TORCH_CHECK(id >= 0 && id < num_blocks, fn, "block_table[", num(b), ", ", num(i), "] = ", num(id),
+                  " is outside [0, num_blocks = ", num(num_blocks), ")");
     }
   }
 }
@@ -445,11 +458,11 @@ void write_kv_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor k_cache
                     const at::Tensor& slot_mapping) {
   const char* fn = "accel_cpu.write_kv_cache: ";
   TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes(), fn, "k and v must be [num_tokens, num_kv_heads, head_dim], "
-              "the same shape; got ", k.sizes(), " and ", v.sizes());
+              "the same shape; got ", shape(k.sizes()), " and ", shape(v.sizes()));
   TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes() && k_cache.size(2) == k.size(1) &&
                   k_cache.size(3) == k.size(2),
-              fn, "k_cache and v_cache must be [num_blocks, block_size, ", k.size(1), ", ", k.size(2), "]; got ",
-              k_cache.sizes(), " and ", v_cache.sizes());
+              fn, "k_cache and v_cache must be [num_blocks, block_size, ", num(k.size(1)), ", ", num(k.size(2)),
+              "]; got ", shape(k_cache.sizes()), " and ", shape(v_cache.sizes()));
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&v, &k_cache, &v_cache}) {
     TORCH_CHECK(t->scalar_type() == k.scalar_type(), fn, "k, v, k_cache and v_cache must share one dtype");
   }
@@ -460,13 +473,13 @@ void write_kv_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor k_cache
   }
   TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.numel() == k.size(0) &&
                   (slot_mapping.scalar_type() == at::kLong || slot_mapping.scalar_type() == at::kInt),
-              fn, "slot_mapping must be int64 or int32 [num_tokens = ", k.size(0), "]");
+              fn, "slot_mapping must be int64 or int32 [num_tokens = ", num(k.size(0)), "]");
   const at::Tensor slots = slot_mapping.to(at::kLong).contiguous();
   const int64_t capacity = k_cache.size(0) * k_cache.size(1);
   const int64_t* check = slots.data_ptr<int64_t>();
   for (int64_t t = 0; t < slots.numel(); ++t) {
-    TORCH_CHECK(check[t] >= -1 && check[t] < capacity, fn, "slot_mapping[", t, "] = ", check[t],
-                " must be -1 (skip) or in [0, num_blocks x block_size = ", capacity, ")");
+    TORCH_CHECK(check[t] >= -1 && check[t] < capacity, fn, "slot_mapping[", num(t), "] = ", num(check[t]),
+                " must be -1 (skip) or in [0, num_blocks x block_size = ", num(capacity), ")");
   }
   const int64_t* sp = slots.data_ptr<int64_t>();
   const int64_t tokens = k.size(0), heads = k.size(1), d = k.size(2);
