@@ -125,25 +125,25 @@ def to_paged(k, v):
     used = -(-k.shape[0] // BLOCK_SIZE)
     num_blocks = used + 1
     table = torch.arange(num_blocks - 1, -1, -1, dtype=torch.int32)[None, :used]  # reversed, block 0 spare
-    k_cache = torch.full((num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM), 1e4, dtype=k.dtype)
+    k_cache = torch.full((num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM), 1e4, dtype=k.dtype, device=k.device)
     v_cache = torch.full_like(k_cache, 1e4)  # a read past seq_len would show
     for token in range(k.shape[0]):
-        block, offset = table[0, token // BLOCK_SIZE], token % BLOCK_SIZE
+        block, offset = int(table[0, token // BLOCK_SIZE]), token % BLOCK_SIZE
         k_cache[block, offset], v_cache[block, offset] = k[token], v[token]
-    return k_cache, v_cache, table
+    return k_cache, v_cache, table.to(k.device)
 
 
 def varlen(module, q, k, v, row: Row, scale: float):
-    cu_q = torch.tensor([0, row.q_len], dtype=torch.int32)
-    cu_k = torch.tensor([0, row.k_len], dtype=torch.int32)
+    cu_q = torch.tensor([0, row.q_len], dtype=torch.int32, device=q.device)
+    cu_k = torch.tensor([0, row.k_len], dtype=torch.int32, device=q.device)
     return module.flash_attn_varlen_func(q, k, v, cu_q, cu_k, row.q_len, row.k_len, softmax_scale=scale,
                                          causal=row.causal, window_size=row.window, softcap=row.softcap)
 
 
 def paged(module, q, k, v, row: Row, scale: float):
     k_cache, v_cache, table = to_paged(k, v)
-    cu_q = torch.tensor([0, row.q_len], dtype=torch.int32)
-    seq_lens = torch.tensor([row.k_len], dtype=torch.int32)
+    cu_q = torch.tensor([0, row.q_len], dtype=torch.int32, device=q.device)
+    seq_lens = torch.tensor([row.k_len], dtype=torch.int32, device=q.device)
     return module.paged_attention(q, k_cache, v_cache, cu_q, seq_lens, table, row.q_len, row.k_len,
                                   softmax_scale=scale, causal=row.causal, window_size=row.window,
                                   softcap=row.softcap, num_splits=2)
