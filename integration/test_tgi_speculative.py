@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import textwrap
 from pathlib import Path
@@ -187,6 +188,16 @@ def test_tgi_own_attention_runs_with_the_max_k_workaround(tgi):
     assert result["max_k_patch"] and not result["attention_patch"]
     assert result["paged_attention"].startswith("accel_plugin.adapters.tgi._wrappers.with_full_max_k")
     assert "TGI's Seqlen.max_k workaround applied" in stderr
+
+
+def test_target_matrices_are_prepacked_only_while_speculating(tgi):
+    """adapters/tgi/packed_linears.py: the speculating runs multiply with oneDNN's prepacked
+    matrices, the plain ones with TGI's own (unpacked again), and their greedy ids agree."""
+    result, stderr = tgi("own")
+    assert re.search(r"\d+ target matrices prepacked for oneDNN", stderr)
+    runs = _tiny(result)["runs"]
+    assert runs["spec@tiny"]["packed"] and runs["spec+join@tiny"]["packed"] and not runs["plain"]["packed"]
+    assert runs["spec@tiny"]["ids"] == runs["plain"]["ids"]
 
 
 def test_identical_draft_is_always_accepted_and_counters_match_tgi(tgi):

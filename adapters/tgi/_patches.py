@@ -103,11 +103,15 @@ why
     TGI just proposed for the next step with the proposer's drafts (``None`` after
     a prefill, or when no request drafts: a plain step), and before a decode step
     widens ``all_input_ids_tensor`` where ``concatenate`` sized it by a narrower
-    draft width than ``--speculate``.
+    draft width than ``--speculate``. On a CPU in float32, ``attach`` also prepacks
+    the model's ``FastLinear`` matrices for oneDNN (:mod:`.packed_linears`: torch's
+    ``F.linear`` repacks the weights for every multi-row product, so verifying one
+    draft token cost 40% of a step at batch 1).
 how it is undone
     :func:`revert` sets the original functions back on the class where our wrapper
     is still there; models keep their proposer attribute, unused (``uninstall()``
-    also closes them).
+    also detaches them: proposers closed, packed matrices unpacked bit for bit and
+    TGI's ``FastLinear.forward`` back).
 upstream change that would remove it
     a proposer interface in TGI (e.g. ``--speculate N --speculator-class module:Class``
     called with the next batch after each step), as vLLM's ``custom_class``.

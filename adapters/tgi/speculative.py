@@ -56,7 +56,7 @@ def attach(model, config_path: str | None = None) -> TGIDraftSpeculation | None:
     from accel_plugin import envs
     from accel_plugin.speculative.draft_config import ConfigIssue, DraftTarget, load_draft_config
 
-    from . import _compat, _patches
+    from . import _compat, _patches, packed_linears
 
     path = config_path or envs.draft_config_path()
     if path is None:
@@ -91,6 +91,7 @@ def attach(model, config_path: str | None = None) -> TGIDraftSpeculation | None:
     core.load()  # before TGI's warm-up measures the free memory for its KV cache
     spec = TGIDraftSpeculation(model, config=config, config_path=str(path), num_speculative_tokens=speculate,
                                proposer_name=proposer_name, core=core, clock=clock)
+    spec.packing = packed_linears.pack_target(model)  # verifying k drafts at about one row's cost (CPU)
     _patches.apply(_patches.SPECULATION_PATCHES)
     max_k = ""
     if not _patches.ATTENTION_FUNCTIONS.applied:
@@ -103,7 +104,7 @@ def attach(model, config_path: str | None = None) -> TGIDraftSpeculation | None:
         f"accel-plugin: draft-model speculation ({proposer_name}) replaces TGI's n-gram proposals: config {path}, "
         f"domains {domains}, "
         f"k_max {config.num_speculative_tokens} (--speculate {speculate}), adaptive {config.controller.adaptive}"
-        f"{max_k}")
+        f"{max_k}; {spec.packing.describe()}")
     return spec
 
 
@@ -119,6 +120,9 @@ def detach(model) -> bool:
         return False
     _LIVE.discard(spec)
     spec.close()
+    if spec.packing is not None:  # TGI's own matrices and forward back
+        spec.packing.undo()
+        spec.packing = None
     return True
 
 

@@ -9,6 +9,10 @@ the model attaches its domain proposer when it is built, as in a server. Runs:
 * ``plain``: ``set_speculate(0)``: TGI without speculation (the reference);
 * ``spec``: ``set_speculate(N)`` with the domain proposer;
 * ``ngram``: ``set_speculate(N)`` with the proposer disabled: TGI's own n-gram;
+* ``plain`` and ``ngram`` run TGI's own matrices: the model's prepacked ones
+  (:mod:`accel_plugin.adapters.tgi.packed_linears`, ours while it speculates) are
+  unpacked for them and packed again for ``spec``; ``+packed`` keeps them packed
+  (``plain+packed``: what the packing alone is worth);
 * ``+join``: the second half of the prompts arrives after two steps, as TGI's
   router adds requests: prefilled alone, then ``concatenate``d with the running batch;
 * ``@name1/name2`` limits a run to those models.
@@ -68,7 +72,7 @@ if configs:  # the .pth line (and a hook installed here) look at the variable at
     os.environ["ACCEL_DRAFT_CONFIG"] = next(iter(configs.values()))
 
 from accel_plugin.adapters import tgi as adapter
-from accel_plugin.adapters.tgi import _patches, speculative
+from accel_plugin.adapters.tgi import _patches, packed_linears, speculative
 
 hook_from_pth = _patches.IMPORT_HOOK.present
 if args.install_hook and not hook_from_pth:
@@ -231,6 +235,18 @@ def counters(model):
     return asdict(spec.counters) if spec is not None else None
 
 
+def set_packing(model, on: bool) -> None:
+    """The model's target matrices prepacked (ours) or TGI's own."""
+    spec = speculative.of(model)
+    if spec is None:
+        return
+    packed = spec.packing is not None and bool(spec.packing.modules)
+    if on and not packed:
+        spec.packing = packed_linears.pack_target(model)
+    elif not on and packed:
+        spec.packing.undo()
+
+
 def configure(run):
     """(base, options, model names) of a run; points the models' proposers at it."""
     what, _, only = run.partition("@")
@@ -240,6 +256,7 @@ def configure(run):
         spec = speculative.of(models[name])
         if spec is not None:
             spec.enabled = base != "ngram"  # ngram: TGI's own proposals
+            set_packing(models[name], base == "spec" or "packed" in options)
     return base, options, names
 
 
@@ -270,6 +287,8 @@ for round_ in range(args.repeats):
                     continue
                 d = done[run]
                 d["seconds"] += time.perf_counter() - t1
+                spec = speculative.of(model)
+                d["packed"] = bool(spec is not None and spec.packing is not None and spec.packing.modules)
                 d["ids"] += got
                 d["per_step"] += steps
                 if base == "spec":  # this run's share of the step counters; the proposer's stats after it
@@ -281,7 +300,8 @@ for round_ in range(args.repeats):
                 continue
             entry = results[name]["runs"].setdefault(run, {"seconds": []})
             entry["seconds"].append(round(d["seconds"], 3))
-            entry.update(ids=d["ids"], steps=len(d["per_step"]), tokens=sum(map(len, d["ids"])), per_step=d["per_step"])
+            entry.update(ids=d["ids"], steps=len(d["per_step"]), tokens=sum(map(len, d["ids"])), per_step=d["per_step"],
+                         packed=d.get("packed", False))
             if d["counters"] is not None:
                 entry.update(counters=d["counters"], stats=d["stats"])
 
