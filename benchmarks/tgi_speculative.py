@@ -11,7 +11,9 @@ filtered), greedy, stopping at EOS or ``--max-new-tokens``, on the held-out supp
 prompts of the demo (demo_models/smollm2/prompts/support-heldout.jsonl) in the
 target's chat template: ``--prompts`` at batch 1, three batches at a larger batch size. Per batch size one process times, in turn, each round:
 
-* ``plain``: no speculation (``--speculate 0``);
+* ``plain``: no speculation (``--speculate 0``), TGI's own matrices: TGI's default;
+* ``packed``: the same with the target's matrices prepacked as ``accel`` has them
+  (``adapters/tgi/packed_linears.py``): what the packing alone is worth;
 * ``ngram``: TGI's own n-gram speculation, ``--speculate N``;
 * ``accel``: ``--speculate N`` with ``ACCEL_DRAFT_CONFIG=demo_models/smollm2/drafts.yaml``
   (the tuned ``support`` draft; default adaptive controller).
@@ -39,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "integration" / "scripts" / "tgi_spec_generate.py"
 DEMO = ROOT / "demo_models" / "smollm2"
-RUNS = {"plain": "plain", "ngram": "ngram", "accel": "spec"}
+RUNS = {"plain": "plain", "packed": "plain+packed", "ngram": "ngram", "accel": "spec"}
 
 
 def _tgi_python() -> Path:
@@ -88,6 +90,8 @@ def _rows(result: dict, batch_size: int) -> list[list[str]]:
             support = r["stats"]["support"]
             speculation = f"{model['proposer']} (support draft, k {support['k']}/{support['k_max']}, {support['state']})"
             acceptance = f"{support['accepted']}/{support['drafted']} (alpha {support['alpha']:.2f})"
+        elif name == "packed":
+            speculation, acceptance = "none; accel's prepacked target matrices (what they alone are worth)", "-"
         elif name == "ngram":
             speculation, acceptance = f"TGI n-gram, --speculate {result['speculate']}", "-"
         else:
