@@ -25,6 +25,7 @@ changes and the start-up line says why.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -40,12 +41,13 @@ class PackedLinears:
 
     modules: list = field(default_factory=list)
     reason: str = ""  #: why nothing was packed ("" when something was)
+    linear: Callable | None = None  #: the product with a packed matrix (``packed_linear``'s)
 
     def undo(self) -> None:
         for module in self.modules:
             packed = module.__dict__.pop("_accel_packed_weight")
             module.__dict__.pop("forward", None)
-            module.weight = torch.nn.Parameter(_unpack(packed), requires_grad=False)
+            module.weight = torch.nn.Parameter(_unpack(packed, self.linear), requires_grad=False)
         self.modules = []
 
     def describe(self) -> str:
@@ -55,15 +57,15 @@ class PackedLinears:
                 f"the cost of one row; undone when speculation detaches)")
 
 
-def _unpack(packed: torch.Tensor) -> torch.Tensor:
+def _unpack(packed: torch.Tensor, linear: Callable) -> torch.Tensor:
     """The dense ``[out, in]`` matrix of ``packed``: ``I @ W.T``, transposed, exact in float32."""
-    from accel_plugin.speculative.llama import _mkldnn_linear
-
     in_features = packed.shape[1]
     parts = []
     for start in range(0, in_features, _UNPACK_ROWS):
-        eye = torch.eye(in_features, dtype=torch.float32)[start:start + _UNPACK_ROWS]
-        parts.append(_mkldnn_linear(eye, packed))  # rows start.. of W.T
+        rows = min(_UNPACK_ROWS, in_features - start)
+        eye = torch.zeros(rows, in_features, dtype=torch.float32)  # rows start.. of the identity
+        eye[:, start:start + rows] = torch.eye(rows, dtype=torch.float32)
+        parts.append(linear(eye, packed, None))  # rows start.. of W.T
     return torch.cat(parts).t().contiguous()
 
 
@@ -102,7 +104,7 @@ def pack_target(model) -> PackedLinears:
     except ImportError:  # a TGI without it: nothing to pack
         return PackedLinears(reason="TGI has no text_generation_server.layers.linear.FastLinear")
 
-    result = PackedLinears()
+    result = PackedLinears(linear=linear)
     for module in model.model.modules():
         if type(module) is not FastLinear or module.weight.dim() != 2 or module.weight.device.type != "cpu":
             continue
