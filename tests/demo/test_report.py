@@ -54,11 +54,13 @@ def test_table_and_verdicts_from_fake_numbers():
     tuned = _result(dict(zip(keys, (250.0, 480.0, 110.0))), [
         {"support": _stats(10, 50, 45, predicted=2.8), "code": _stats(0, 0, 0, draft="g")},
         {"support": _stats(20, 100, 90, predicted=1.6), "code": _stats(0, 0, 0, draft="g")},
-        {"support": _stats(20, 100, 90, predicted=1.6), "code": _stats(10, 50, 20, k=3, c=0.06, draft="g")},
+        {"support": _stats(20, 100, 90, predicted=1.6), "code": _stats(10, 50, 20, k=3, c=0.06, draft="g"),
+         "repeat/lookup": _stats(5, 20, 15, c=0.0004, draft="lookup")},
     ])
     untuned = _result(dict(zip(keys[:2], (97.0, 360.0))), [
         {"support": _stats(10, 10, 1, "off", 0, draft="u"), "code": _stats(0, 0, 0, draft="g")},
-        {"support": _stats(12, 12, 1, "off", 0, draft="u"), "code": _stats(0, 0, 0, c=0.2, draft="g")},
+        {"support": _stats(12, 12, 1, "off", 0, draft="u"), "code": _stats(0, 0, 0, c=0.2, draft="g"),
+         "repeat/lookup": _stats(5, 20, 15, c=0.0012, draft="lookup")},
     ])
     routes = {name: {"support": {"routed": ["support"], "draft": d}, "code": {"routed": ["code"], "draft": "g"}}
               for name, d in (("tuned", "draft-support"), ("untuned", "draft-untuned"))}
@@ -77,6 +79,7 @@ def test_table_and_verdicts_from_fake_numbers():
     assert goals  # every goal has a name
     agree = {e["draft"]: e["agree"] for e in report["cost_ratios"]}
     assert agree["g"] is False  # 0.06 vs 0.2: the same draft measured 3x apart is flagged
+    assert agree["lookup"] is None  # host time of microseconds: no verdict
     text = render(report, {"tuned": "TUNED", "untuned": "UNTUNED"})
     assert "2.50x" in text and "[MET   ]" in text and "[MISSED]" in text and "134.5M parameters" in text
     assert "plain CPU_ATTN" in text and "DISAGREE" in text
