@@ -140,6 +140,90 @@ _PLANS = ["Premium", "Family", "Pro", "Gold", "Student"]
 _SUPPORT = {"tune": [p for intent in _SUPPORT_INTENTS for p in intent[:-1]],
             "bench": [intent[-1] for intent in _SUPPORT_INTENTS]}
 
+#: more tuning phrasings of the same 20 needs, in the order of :data:`_SUPPORT_INTENTS`
+#: (issue 23: the support draft matched the target on 0.79 of its tuning answers and
+#: 0.52 of held-out ones; more ways of asking, not more slot values, is what it lacked).
+#: They make :data:`EXTRA_TUNE` more tuning prompts from a generator of their own, so
+#: the held-out files do not change; one sharing an 8-token sequence with any held-out
+#: prompt is dropped.
+_SUPPORT_MORE = [
+    ("Any news on order #{order}? The tracking has not moved for {days} days.",
+     "My parcel still has not shown up. Could you look into order #{order}?",
+     "It says my {product} was shipped, but it never reached me. Can you check?"),
+    ("I changed my mind about the {product}. Can I send it back?",
+     "Is it possible to return a {product} after {days} days?",
+     "The {product} is not what I expected, and I would like to return it."),
+    ("Why was my card debited {amount} two times for one purchase?",
+     "I paid {amount} for order #{order} and the charge appears twice.",
+     "Your store took {amount} from my account twice. I want my money back."),
+    ("The screen of my {product} is cracked and it came like that.",
+     "My {product} arrived today and it will not work at all.",
+     "Half of the buttons on the {product} are not working. Can you replace it?"),
+    ("Stop my {plan} subscription, please. I don't want to pay for it anymore.",
+     "How can I turn off the automatic renewal of my {plan} plan?",
+     "I would like to cancel {plan} before the next billing date."),
+    ("I need to ship order #{order} to a different address. Is that possible?",
+     "Could you redirect my parcel to my office instead of my home?",
+     "There is a typo in my street name on order #{order}. Please fix it."),
+    ("The app says my {product} was delivered, but my mailbox is empty.",
+     "{carrier} marked order #{order} as delivered and I have nothing.",
+     "My neighbor did not get my package either. It says delivered. What should I do?"),
+    ("The reset link you send me has expired. How can I log in?",
+     "I changed my email and now I cannot access my account.",
+     "Your site keeps telling me my password is incorrect. Please help me log in."),
+    ("It has been {days} days since I returned the {product}. Where is my refund?",
+     "The refund of {amount} still is not on my credit card. Can you check?",
+     "When do I get my money back for the {product} I sent back?"),
+    ("I got a {product} that I never ordered. What should I do with it?",
+     "My order #{order} contains the wrong product.",
+     "The item in my package is not the {product} I paid for."),
+    ("What do I get if I move from {plan} to the next plan?",
+     "Can I try the plan above {plan} for a month before I pay?",
+     "Please upgrade my account from {plan}. How much more is it per month?"),
+    ("Can I get an invoice with my company name for order #{order}?",
+     "I lost the receipt for my {product}. Can you send a new one?",
+     "How do I get a PDF invoice for the {amount} I paid?"),
+    ("My promo code expired yesterday. Can I still use it?",
+     "Can you add the discount I forgot to my order #{order}?",
+     "The checkout did not take my coupon and charged me {amount}."),
+    ("Is my {product} still covered? It broke after {days} days.",
+     "What does the warranty of the {product} include?",
+     "The {product} stopped charging. Can you repair it under the warranty?"),
+    ("I want to file a complaint. Who is in charge of customer service?",
+     "Please have a manager contact me about order #{order}.",
+     "Nobody has solved my problem yet. I want to talk to someone in charge."),
+    ("The box was torn open and my {product} is scratched.",
+     "{carrier} delivered my {product} with a big dent in it.",
+     "My {product} came broken because it was packed badly. What can you do?"),
+    ("You charged me {amount} for {plan} after I cancelled it.",
+     "I cancelled {plan} but I was still billed this month.",
+     "Please stop charging me for {plan}, I cancelled it weeks ago."),
+    ("The {product} was missing from my package. Can you send it?",
+     "Order #{order} is incomplete, one item is not in the box.",
+     "I got my order but the {product} was not included."),
+    ("Do you deliver to the United Kingdom? How long does it take?",
+     "What are the shipping costs to Australia for a {product}?",
+     "Can I order from outside the country, and how much does delivery cost?"),
+    ("How do I remove my account and everything you know about me?",
+     "I want you to delete all my personal information.",
+     "Please close my account and delete my order history."),
+]
+assert len(_SUPPORT_MORE) == len(_SUPPORT_INTENTS)
+#: tuning prompts from :data:`_SUPPORT_MORE`, added to the 320 of ``support-tune.jsonl``
+EXTRA_TUNE = {"support": 480}
+
+
+def _support_more(rng: random.Random, part: str) -> str:
+    template = rng.choice([p for more in _SUPPORT_MORE for p in more])
+    return template.format(
+        product=rng.choice(_PRODUCTS),
+        order=rng.randrange(10000, 99999),
+        amount=f"${rng.randrange(5, 300)}.{rng.randrange(0, 100):02d}",
+        days=rng.randrange(3, 40),
+        carrier=rng.choice(_CARRIERS),
+        plan=rng.choice(_PLANS),
+    )
+
 
 def _support(rng: random.Random, part: str) -> str:
     template = rng.choice(_SUPPORT[part])
@@ -390,6 +474,25 @@ def build_extra(tokenizer, sets: dict[str, dict[str, list[str]]], seed: int = 0)
     return out
 
 
+def add_more_tuning(tokenizer, sets: dict[str, dict[str, list[str]]], extra: dict[str, list[str]],
+                    seed: int = 0) -> None:
+    """Append :data:`EXTRA_TUNE` prompts per domain to its tuning prompts, each new and
+    sharing no 8-token sequence with any held-out prompt (of any set); the held-out
+    sets were drawn before and stay as they were."""
+    held: set[tuple[int, ...]] = set()
+    for text in [t for parts in sets.values() for t in parts["bench"]] + [t for ts in extra.values() for t in ts]:
+        held |= ngrams(tokenizer.encode(text, add_special_tokens=False))
+    gens = {"support": _support_more}
+    for domain, count in EXTRA_TUNE.items():
+        rng = random.Random(f"{seed}-{domain}-more")
+        known = set(sets[domain]["tune"])
+        more = [t for t in _unique(gens[domain], rng, "tune", 2 * count)
+                if t not in known and not ngrams(tokenizer.encode(t, add_special_tokens=False)) & held][:count]
+        if len(more) < count:
+            raise SystemExit(f"{domain}: only {len(more)} more tuning prompts without a held-out {NGRAM}-gram")
+        sets[domain]["tune"] += more
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokenizer", required=True, type=Path, help="the target model directory (its tokenizer)")
@@ -399,13 +502,14 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer))
     sets = build(tokenizer)
+    extra = build_extra(tokenizer, sets)
+    add_more_tuning(tokenizer, sets, extra)
     args.out.mkdir(parents=True, exist_ok=True)
     for domain, parts in sets.items():
         with open(args.out / f"{domain}-tune.jsonl", "w") as f:
             f.writelines(json.dumps({"domain": domain, "prompt": text}) + "\n" for text in parts["tune"])
         with open(args.out / f"{domain}-heldout.jsonl", "w") as f:
             f.writelines(json.dumps({"domain": domain, "prompt": text}) + "\n" for text in parts["bench"])
-    extra = build_extra(tokenizer, sets)
     for stem, texts in extra.items():
         with open(args.out / f"{stem}.jsonl", "w") as f:
             f.writelines(json.dumps({"domain": EXTRA_SETS[stem][0], "prompt": text}) + "\n" for text in texts)

@@ -133,6 +133,13 @@ def test_committed_prompt_files_are_what_make_prompts_writes(tokenizer):
     extra = make_prompts.build_extra(tokenizer, sets)
     for name in EXTRA:
         assert extra[name.removesuffix(".jsonl")] == _prompts(name)
+    first = {domain: list(sets[domain]["tune"]) for domain in DOMAINS}
+    make_prompts.add_more_tuning(tokenizer, sets, extra)
+    for domain in DOMAINS:
+        # the added tuning prompts come after the first ones, which (and the held-out sets) did not change
+        assert sets[domain]["tune"] == _prompts(f"{domain}-tune.jsonl")
+        assert len(sets[domain]["tune"]) == len(first[domain]) + make_prompts.EXTRA_TUNE.get(domain, 0)
+        assert sets[domain]["tune"][:len(first[domain])] == first[domain]
 
 
 def test_free_style_support_set_is_written_in_another_style_than_the_templates():
