@@ -16,7 +16,8 @@ target's chat template: ``--prompts`` at batch 1, three batches at a larger batc
   (``adapters/tgi/packed_linears.py``): what the packing alone is worth;
 * ``ngram``: TGI's own n-gram speculation, ``--speculate N``;
 * ``accel``: ``--speculate N`` with ``ACCEL_DRAFT_CONFIG=demo_models/smollm2/drafts.yaml``
-  (the tuned ``support`` draft; default adaptive controller).
+  (the tuned ``support`` draft, with prompt lookup where the context has a match;
+  default adaptive controller).
 
 TGI's own attention throughout (``ATTENTION=flashdecoding-ipex``, TGI's CPU default;
 the adapter's ``Seqlen.max_k`` workaround is in place for both speculative
@@ -87,9 +88,15 @@ def _rows(result: dict, batch_size: int) -> list[list[str]]:
         row_steps = sum(len(step) for step in r["per_step"])  # (request, decode step) pairs
         per_step = (r["tokens"] - requests) / row_steps if row_steps else 0.0
         if name == "accel":
-            support = r["stats"]["support"]
-            speculation = f"{model['proposer']} (support draft, k {support['k']}/{support['k_max']}, {support['state']})"
-            acceptance = f"{support['accepted']}/{support['drafted']} (alpha {support['alpha']:.2f})"
+            # the support draft, and its prompt lookup where drafts.yaml gives support one
+            entries = [(label, r["stats"][key]) for label, key in (("support draft", "support"),
+                                                                   ("lookup", "support/lookup"))
+                       if key in r["stats"]]
+            speculation = f"{model['proposer']} (" + "; ".join(
+                f"{label}, k {st['k']}/{st['k_max']}, {st['state']}" for label, st in entries) + ")"
+            acceptance = "; ".join(
+                f"{'' if label == 'support draft' else label + ' '}{st['accepted']}/{st['drafted']}"
+                + (f" (alpha {st['alpha']:.2f})" if st.get("alpha") is not None else "") for label, st in entries)
         elif name == "packed":
             speculation, acceptance = "none; accel's prepacked target matrices (what they alone are worth)", "-"
         elif name == "ngram":
