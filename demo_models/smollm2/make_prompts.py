@@ -213,8 +213,8 @@ assert len(_SUPPORT_MORE) == len(_SUPPORT_INTENTS)
 EXTRA_TUNE = {"support": 480}
 
 
-def _support_more(rng: random.Random, part: str) -> str:
-    template = rng.choice([p for more in _SUPPORT_MORE for p in more])
+def _fill(template: str, rng: random.Random) -> str:
+    """A support template with its slots drawn from ``rng``."""
     return template.format(
         product=rng.choice(_PRODUCTS),
         order=rng.randrange(10000, 99999),
@@ -223,18 +223,14 @@ def _support_more(rng: random.Random, part: str) -> str:
         carrier=rng.choice(_CARRIERS),
         plan=rng.choice(_PLANS),
     )
+
+
+def _support_more(rng: random.Random, part: str) -> str:
+    return _fill(rng.choice([p for more in _SUPPORT_MORE for p in more]), rng)
 
 
 def _support(rng: random.Random, part: str) -> str:
-    template = rng.choice(_SUPPORT[part])
-    return template.format(
-        product=rng.choice(_PRODUCTS),
-        order=rng.randrange(10000, 99999),
-        amount=f"${rng.randrange(5, 300)}.{rng.randrange(0, 100):02d}",
-        days=rng.randrange(3, 40),
-        carrier=rng.choice(_CARRIERS),
-        plan=rng.choice(_PLANS),
-    )
+    return _fill(rng.choice(_SUPPORT[part]), rng)
 
 
 # --------------------------------------------------------------------- code
