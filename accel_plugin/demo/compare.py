@@ -147,6 +147,7 @@ def step_lines(step_stats: dict | None) -> list[str]:
                 continue
             tail = m.get("tail_factor")
             lines.append(f"    mix {name}: gate {m.get('gate') or '-'}, measured {_f(m.get('measured_speedup'), '.2f')}"
-                         f"{_x(m, 'measured_speedup')}, whole batches x{_f(tail, '.2f')} "
+                         f"{_x(m, 'measured_speedup')}, whole batches x{_f(tail, '.2f')} tail, "
+                         f"{_f(m.get('whole_speedup'), '.2f')}{_x(m, 'whole_speedup')} drafting "
                          f"({m.get('steps')} steps, {m.get('samples') or 0} samples)")
     return lines

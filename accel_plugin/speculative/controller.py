@@ -51,6 +51,7 @@ from .acceptance import AcceptanceWindow
 from .costs import MIN_PAIRS, StepCosts, batch_bucket, nearest
 from .domain_stats import DomainState, DomainStats
 from .draft_config.schema import ControllerConfig
+from .lookup import entry_domain
 from .speedup import best_k, expected_speedup, expected_tokens
 from .step_gate import GateState, StepGate
 from .step_model import plan_step
@@ -121,7 +122,7 @@ class DomainController:
         self.gate = StepGate(cfg)
         self.gated = False  #: the step gate keeps the current step from drafting
         self._plan: dict[str, int] | None = None  #: the step model's k per domain, this step
-        self._mix: frozenset = frozenset()  #: the current step's domain mix: its entries that may draft
+        self._mix: frozenset = frozenset()  #: the current step's domain mix: the domains of its rows that may draft
         self.predicted: float | None = None  #: the step model's S_step for this step
 
     # ---------------------------------------------------------------- measurement
@@ -209,7 +210,9 @@ class DomainController:
         for d in self._domains.values():
             self._decide(d, b)
         names = set(row_domains) if row_domains is not None else self._domains if domains is None else domains
-        self._mix = mix = frozenset(n for n in names if self._domains[n].fixed not in DomainState.NEVER_DRAFTS)
+        # a domain's lookup entry counts as the domain: matches come and go from step to step
+        self._mix = mix = frozenset(entry_domain(n) for n in names
+                                    if self._domains[n].fixed not in DomainState.NEVER_DRAFTS)
         verdict = self.gate.begin(b, mix) if self._gating else GateState.WARMUP
         if verdict == GateState.OFF:
             self.gated = True

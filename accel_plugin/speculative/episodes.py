@@ -22,7 +22,15 @@ count not measured reads as its measured neighbours, interpolated):
 
 and its **tail factor** ``P / C`` (1 when rows keep pace, below 1 with a tail). The
 gate multiplies its cycle median at the episode's key (its first step's bucket and
-domain mix, and every other mix its steps began at with that bucket) by it. An episode with fewer than :data:`MIN_DRAFTING` of its cycles
+domain mix, and every other mix its steps began at with that bucket) by it.
+
+With ``T`` the measured time of its cycles, ``P / T`` is the episode's **whole
+speedup**: what the batch gained over plain with everything a cycle sample leaves
+out (the draft's prefill of the prompts in the first call, a probe's catch-up, the
+tail). It is reported for an episode at least :data:`ON_SHARE` of whose cycles
+drafted; the gate switches an on key off when its last whole batch lost (measured
+on a 2-core CPU, batch 8 of support prompts: cycle samples 1.19x, tail factor 0.88,
+whole batches 0.93x against a plain engine). An episode with fewer than :data:`MIN_DRAFTING` of its cycles
 drafting says nothing about drafting and is dropped. Per call the work is O(rows).
 """
 
@@ -34,10 +42,12 @@ from dataclasses import dataclass, field
 
 from .costs import median
 
-__all__ = ["MIN_DRAFTING", "Episodes", "tail_factor"]
+__all__ = ["MIN_DRAFTING", "ON_SHARE", "Episodes", "plain_time", "tail_factor"]
 
 #: an episode counts when at least this fraction of its cycles drafted
 MIN_DRAFTING = 0.25
+#: an episode's whole speedup P / T is reported when at least this fraction of its cycles drafted
+ON_SHARE = 0.5
 #: cycles an episode may hold (beyond: dropped; a batch that long has no tail to speak of)
 _MAX_CYCLES = 8192
 #: plain cycle times kept per row count
@@ -50,6 +60,7 @@ class _Episode:
     key: object = None  #: the gate key of its first step
     keys: set = field(default_factory=set)  #: the keys its steps began at, at its first step's bucket
     cycles: list = field(default_factory=list)  #: (rows, tokens, drafted)
+    seconds: float = 0.0  #: the time of its cycles
 
 
 def _plain_at(plain: Mapping[int, float], rows: int) -> float | None:
@@ -67,10 +78,9 @@ def _plain_at(plain: Mapping[int, float], rows: int) -> float | None:
     return None
 
 
-def tail_factor(counts: list[int], cycles: list[tuple[int, int, int]], plain: Mapping[int, float]) -> float | None:
-    """``P / C`` (module docstring) of an episode whose rows received ``counts`` tokens
-    in ``cycles`` of (rows, tokens, drafted), with plain cycle times ``plain`` per row
-    count; ``None`` when a needed ``p(r)`` is unknown or nothing was decoded."""
+def plain_time(counts: list[int], plain: Mapping[int, float]) -> float | None:
+    """``P`` (module docstring): plain's time for rows that received ``counts`` tokens,
+    with plain cycle times ``plain`` per row count; ``None`` when a needed ``p(r)`` is unknown."""
     ordered = sorted(c for c in counts if c > 0)
     total_rows, plain_s, before = len(ordered), 0.0, 0
     for j, m in enumerate(ordered):
@@ -80,13 +90,21 @@ def tail_factor(counts: list[int], cycles: list[tuple[int, int, int]], plain: Ma
                 return None
             plain_s += (m - before) * p
             before = m
+    return plain_s
+
+
+def tail_factor(counts: list[int], cycles: list[tuple[int, int, int]], plain: Mapping[int, float]) -> float | None:
+    """``P / C`` (module docstring) of an episode whose rows received ``counts`` tokens
+    in ``cycles`` of (rows, tokens, drafted), with plain cycle times ``plain`` per row
+    count; ``None`` when a needed ``p(r)`` is unknown or nothing was decoded."""
+    plain_s = plain_time(counts, plain)
     credit = 0.0
     for rows, tokens, _ in cycles:
         p = _plain_at(plain, rows)
         if p is None:
             return None
         credit += p * tokens / rows
-    return plain_s / credit if credit > 0 and plain_s > 0 else None
+    return plain_s / credit if plain_s and credit > 0 else None
 
 
 class Episodes:
@@ -108,11 +126,12 @@ class Episodes:
         if seconds is not None and seconds > 0 and rows > 0 and not drafted:
             self._plain.setdefault(rows, deque(maxlen=_KEPT)).append(seconds)
 
-    def record_rows(self, tokens: Mapping[Hashable, int], joined: int) -> tuple[list, float] | None:
+    def record_rows(self, tokens: Mapping[Hashable, int], joined: int) -> tuple[list, float, float | None] | None:
         """This call's decoding rows (id -> tokens received) of which ``joined`` are new.
-        Returns ``(keys, tail factor)`` of the episode this call ended, if it counts: the
-        keys its steps began at with its first step's bucket (a mix may change from step to
-        step, as prompt lookup matches come and go)."""
+        Returns ``(keys, tail factor, speedup)`` of the episode this call ended, if it
+        counts: the keys its steps began at with its first step's bucket (a mix may change
+        from step to step), and ``P / T``, its whole speedup over plain (``None`` unless at
+        least :data:`ON_SHARE` of its cycles drafted)."""
         cycle, self._cycle = self._cycle, None
         ep = self._current
         if joined and joined == len(tokens):  # every row new: a new episode
@@ -129,6 +148,7 @@ class Episodes:
                 return None
             ep.rows[row] += n
         ep.cycles.append(cycle[1:])
+        ep.seconds += cycle[0]
         return None
 
     def set_key(self, key: tuple) -> None:
@@ -139,11 +159,16 @@ class Episodes:
             if key[0] == ep.key[0]:
                 ep.keys.add(key)
 
-    def _finish(self, ep: _Episode) -> tuple[list, float] | None:
+    def _finish(self, ep: _Episode) -> tuple[list, float, float | None] | None:
         if ep.key is None or not ep.cycles:
             return None
-        if sum(1 for _, _, d in ep.cycles if d) < MIN_DRAFTING * len(ep.cycles):
+        drafting = sum(1 for _, _, d in ep.cycles if d)
+        if drafting < MIN_DRAFTING * len(ep.cycles):
             return None
         plain = {r: median(times) for r, times in self._plain.items() if times}
-        factor = tail_factor(list(ep.rows.values()), ep.cycles, plain)
-        return None if factor is None else (sorted(ep.keys, key=repr), factor)
+        counts = list(ep.rows.values())
+        factor = tail_factor(counts, ep.cycles, plain)
+        if factor is None:
+            return None
+        speedup = plain_time(counts, plain) / ep.seconds if drafting >= ON_SHARE * len(ep.cycles) else None
+        return sorted(ep.keys, key=repr), factor, speedup

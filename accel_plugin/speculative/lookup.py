@@ -20,15 +20,22 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["LOOKUP_DRAFT", "NgramIndex", "lookup_entry"]
+__all__ = ["LOOKUP_DRAFT", "NgramIndex", "entry_domain", "lookup_entry"]
 
 #: the "draft" id of every lookup entry in the controller (its cost is measured under it)
 LOOKUP_DRAFT = "lookup"
+#: what a domain's lookup entry adds to the domain's name
+_ENTRY_SUFFIX = "/lookup"
 
 
 def lookup_entry(domain: str) -> str:
     """The controller entry of ``domain``'s prompt lookup: ``"<domain>/lookup"``."""
-    return f"{domain}/lookup"
+    return domain + _ENTRY_SUFFIX
+
+
+def entry_domain(entry: str) -> str:
+    """The domain of a controller entry: ``support`` for ``support/lookup`` and for ``support``."""
+    return entry.removesuffix(_ENTRY_SUFFIX)
 
 
 class NgramIndex:

@@ -27,7 +27,12 @@ drafting in its tail too (rows that drafted finish unevenly): :mod:`.episodes`
 measures each such batch's *tail factor* (kept at each key of its first bucket), and
 the gate reads a key's cycle median times the median of its last 4 factors; a key with
 none borrows the median of its bucket's other keys' factors (a new mix of a bucket whose
-whole batches lose starts judged by them), 1 where the bucket has none.
+whole batches lose starts judged by them), 1 where the bucket has none. A whole batch
+that mostly drafted also gives its *whole speedup* (plain's time for its tokens over
+its measured time, everything included: the draft's prefill, catch-ups, the tail);
+one below ``min_speedup`` switches its on keys off at once (cycle samples are few and
+noisy where the calibration steps that pair them are rare: support at batch 8 read
+1.19x by its cycles times 0.88 for its tail, and its whole batches ran at 0.93x).
 
 **Gate.** Per key: ``warmup`` until ``gate_min_samples`` samples, then ``on`` or
 ``off`` by the median of the last ``gate_window`` (times the tail factor): on goes off below
@@ -37,10 +42,14 @@ last ``gate_min_samples`` samples, so the next verdict reads the new regime). At
 off key no row drafts, except a probe after :func:`probe_interval` steps
 (``gate_probe_interval`` times the bucket, at most 8): two drafting
 steps, the first to let the drafts catch up on the plain steps' tokens (not
-paired), the second measured against its plain neighbours. A tail factor that
-brings an on key below ``min_speedup`` (its cycles alone above) switches it off at
-once, its probes :data:`MAX_BACKOFF` doublings further apart (a whole batch is
-stronger evidence than a cycle); any other switch resets the interval.
+paired), the second measured against its plain neighbours. The catch-up is a draft
+forward over every token the rows took meanwhile (at batch 8 about a plain step), so
+each probe that leaves the key off doubles the interval to the next, up to
+:data:`MAX_BACKOFF` doublings (at batch 1, 16 steps then 32 then 64: probes every 16
+steps cost a lone general request about 6%). A whole batch's switch (its speedup, or a tail factor
+that brings an on key below ``min_speedup`` where its cycles alone are above) starts
+at :data:`MAX_BACKOFF` doublings (a whole batch is stronger evidence than a cycle);
+any other switch resets the interval.
 
 The step model (:func:`.step_model.plan_step`) predicts; this gate measures.
 """
@@ -103,6 +112,7 @@ class _Bucket:
     total_samples: int = 0
     backoff: int = 0  #: doublings of the probe interval (MAX_BACKOFF after a whole batch's switch)
     factors: deque = field(default_factory=lambda: deque(maxlen=_FACTORS))  #: tail factors (episodes)
+    whole: deque = field(default_factory=lambda: deque(maxlen=_FACTORS))  #: whole speedups (drafting episodes)
     last: dict = field(default_factory=dict)  #: drafting?: (tokens/s, rows, cycle index)
     plain_cycles: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
     draft_cycles: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
@@ -172,12 +182,19 @@ class StepGate:
         (after :meth:`record_cycle`, before :meth:`begin`): the whole batches (:mod:`.episodes`)."""
         done = self.episodes.record_rows(tokens, joined)
         for key in done[0] if done is not None else ():
-            self.record_episode(key, done[1])
+            self.record_episode(key, done[1], done[2])
 
-    def record_episode(self, key: GateKey, factor: float) -> None:
-        """A whole batch that began at ``key`` had this tail factor (at most 1 is kept)."""
+    def record_episode(self, key: GateKey, factor: float, speedup: float | None = None) -> None:
+        """A whole batch that began at ``key`` had this tail factor (at most 1 is kept) and,
+        where it mostly drafted, this whole ``speedup`` over plain: below ``min_speedup``
+        it switches an on key off at once (it measured everything a cycle leaves out)."""
         at = self._at(key)
         at.factors.append(min(1.0, factor))
+        if speedup is not None:
+            at.whole.append(speedup)
+            if at.state == GateState.ON and speedup < self.cfg.min_speedup:
+                self._switch(at, GateState.OFF, backoff=MAX_BACKOFF)
+                return
         self._judge(at, at_once=True)
         for other in self._buckets.values():  # the mixes of this bucket that borrow the bucket's factor
             if other.bucket == at.bucket and not other.factors:
@@ -263,7 +280,8 @@ class StepGate:
             return "probe"
         at.off_steps += 1
         if at.off_steps >= probe_interval(self.cfg.gate_probe_interval, bucket, at.backoff):
-            at.off_steps, at.probe_left = 0, 1
+            # the next probe of a key this one leaves off waits twice as long (catch-up costs)
+            at.off_steps, at.probe_left, at.backoff = 0, 1, min(MAX_BACKOFF, at.backoff + 1)
             self._current = (key, True)
             return "probe"
         return GateState.OFF
@@ -328,7 +346,8 @@ class StepGate:
                 "steps": sum(at.steps for at in ats),
                 "mixes": {mix_name(mix): {"gate": at.state, "measured_speedup": median(at.samples),
                                           "samples": at.total_samples, "steps": at.steps,
-                                          "tail_factor": median(at.factors)} for mix, at in mixes},
+                                          "tail_factor": median(at.factors),
+                                          "whole_speedup": median(at.whole)} for mix, at in mixes},
             }
         return out
 

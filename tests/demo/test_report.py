@@ -178,10 +178,12 @@ def test_issue23_goals_without_peers_or_sets_are_not_measured():
 
     assert "batch 4: predicted -, measured -, gate warmup" in step_lines({"4": {"gate": "warmup"}})[0]
     assert "not reported" in step_lines(None)[0]
-    mixes = {"support": {"gate": "off", "measured_speedup": 1.05, "samples": 9, "steps": 40, "tail_factor": 0.87},
+    mixes = {"support": {"gate": "off", "measured_speedup": 1.05, "samples": 9, "steps": 40, "tail_factor": 0.87,
+                         "whole_speedup": 0.93},
              "-": {"gate": "warmup", "steps": 3}, "code": {"gate": "on", "steps": 0}}
     lines = step_lines({"8": {"gate": "off", "mixes": mixes}})
-    assert lines[1:] == ["    mix support: gate off, measured 1.05x, whole batches x0.87 (40 steps, 9 samples)"]
+    assert lines[1:] == ["    mix support: gate off, measured 1.05x, whole batches x0.87 tail, 0.93x drafting "
+                         "(40 steps, 9 samples)"]
 
 
 def test_differing_peer_outputs_miss_the_lossless_goal():

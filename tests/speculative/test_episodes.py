@@ -52,6 +52,42 @@ def test_an_episode_ends_when_the_next_batch_starts_and_reports_its_key_and_fact
     assert done is not None and set(done[0]) == {key, looked_up} and done[1] == pytest.approx(0.38 / 0.41)
 
 
+def test_a_drafting_episode_reports_its_whole_speedup_with_everything_a_cycle_leaves_out():
+    ep = Episodes()
+    ep.record_cycle(0.1, 2, 2, 0)  # p(2) = 0.1
+    feed(ep, {"a": 1, "b": 1}, joined=2, cycle=(None, 0, 0, 0))
+    feed(ep, {"a": 4, "b": 4}, 0, cycle=(0.3, 2, 8, 4))  # the draft's prefill of both prompts: slow
+    feed(ep, {"a": 4, "b": 4}, 0, cycle=(0.15, 2, 8, 4))  # 8 tokens in 0.15 s: 2.7x as a cycle
+    keys, factor, speedup = feed(ep, {"x": 1, "y": 1}, joined=2, cycle=(None, 0, 0, 0))
+    # plain: 8 tokens a row at 0.1 s a step = 0.8 s; the batch took 0.45 s
+    assert factor == pytest.approx(1.0) and speedup == pytest.approx(0.8 / 0.45)
+    feed(ep, {"x": 1, "y": 1}, 0, cycle=(0.1, 2, 2, 0))  # half of its cycles plain
+    feed(ep, {"x": 3, "y": 1}, 0, cycle=(0.1, 2, 4, 2))
+    done = feed(ep, {"z": 1}, joined=1, cycle=(None, 0, 0, 0))
+    assert done is not None and done[2] is not None  # 1 of 2 drafted: ON_SHARE = 0.5
+    feed(ep, {"z": 1}, 0, cycle=(0.1, 1, 1, 0))
+    feed(ep, {"z": 1}, 0, cycle=(0.1, 1, 1, 0))
+    feed(ep, {"z": 2}, 0, cycle=(0.1, 1, 2, 1))
+    done = feed(ep, {"w": 1}, joined=1, cycle=(None, 0, 0, 0))
+    assert done is not None and done[2] is None  # 1 of 3: a tail factor, no whole speedup
+
+
+def test_a_whole_batch_that_lost_switches_an_on_key_off_at_once():
+    g = gate()
+    key = (8, frozenset({"support"}))
+    on_at(g, key, 1.19)
+    g.record_episode(key, 0.95, 1.02)  # cycles 1.19 x tail 0.95 = 1.13, and the batch gained: on
+    assert g.state(*key) == "on"
+    g.record_episode(key, 0.95, 0.93)  # the batch lost though its cycles say 1.13x
+    assert g.state(*key) == "off" and g.stats()[8]["mixes"]["support"]["whole_speedup"] == pytest.approx(1.02)
+    verdicts = [g.begin(*key) for _ in range(probe_interval(16, 8, MAX_BACKOFF) - 1)]
+    assert "probe" not in verdicts and g.begin(*key) == "probe"  # probes at the longest interval
+    off = (8, frozenset({"code"}))
+    on_at(g, off, 0.5)
+    g.record_episode(off, 1.0, 1.5)  # a whole speedup never switches a key on: probes and cycles do
+    assert g.state(*off) == "off"
+
+
 @pytest.mark.parametrize("spoil", ["joined", "untimed"])
 def test_a_row_that_joins_or_a_step_not_timed_spoils_the_episode(spoil):
     ep = Episodes()
@@ -114,7 +150,7 @@ def test_a_tail_factor_switches_an_on_key_off_at_once_and_reads_in_its_verdict()
     assert readings["support"]["tail_factor"] == pytest.approx(0.87) and readings["support"]["gate"] == "off"
 
 
-def test_an_off_key_probes_after_the_interval_times_its_bucket():
+def test_an_off_key_probes_after_the_interval_times_its_bucket_doubling_while_it_stays_off():
     g = gate(gate_probe_interval=4)
     for bucket in (1, 8, 32):
         key = (bucket, frozenset({"d"}))
@@ -131,8 +167,11 @@ def test_an_off_key_probes_after_the_interval_times_its_bucket():
             assert g.begin(*key) == "probe"
             step += 1
             g.record_cycle(0.2, bucket, bucket, bucket, bucket)  # the measured one: 0.5x, the key stays off
-        gaps = {b - a for a, b in zip(starts, starts[1:])}
-        assert gaps == {4 * min(bucket, 8) + 1}, bucket  # a probe drafts for every row: rarer at larger batches
+        gaps = [b - a for a, b in zip(starts, starts[1:])]
+        base = 4 * min(bucket, 8)  # a probe drafts for every row: rarer at larger batches
+        # each probe that leaves the key off doubles the wait, up to MAX_BACKOFF doublings
+        expected = [(base << min(i + 1, MAX_BACKOFF)) + 1 for i in range(len(gaps))]
+        assert gaps == expected and len(gaps) >= 2, bucket
 
 
 # ---------------------------------------------------------- the real proposer

@@ -219,3 +219,15 @@ def test_gate_only_changes_k_greedy_outputs_stay_exact(make_config, tokenizer, t
     assert stats[2]["gate"] == "off" and stats[2]["measured_speedup"] < 1.0
     late = [p for p in trace.proposals if p.call > 6]  # the gate's verdict comes within a few calls
     assert late and sum(1 for p in late if p.drafts) < len(late) / 2
+
+
+def test_a_domains_prompt_lookup_counts_as_the_domain_in_the_step_mix():
+    # lookup matches come and go from step to step: one batch of support rows is one key
+    drafts = {"support": "/d/support", "support/lookup": "lookup", "repeat": None, "repeat/lookup": "lookup"}
+    ctl = DomainController(ControllerConfig(), drafts, dict.fromkeys(drafts, 4))
+    for rows in (["support"] * 8, ["support"] * 6 + ["support/lookup"] * 2, ["support/lookup"] * 8):
+        ctl.step(len(rows), set(rows), rows)
+        ctl.end_step(set(rows))
+    ctl.step(2, {"repeat", "repeat/lookup"}, ["repeat", "repeat/lookup"])  # a lookup-only domain: its entry
+    assert set(ctl.step_stats()[8]["mixes"]) == {"support"} and ctl.step_stats()[8]["steps"] == 3
+    assert set(ctl.step_stats()[2]["mixes"]) == {"repeat"}

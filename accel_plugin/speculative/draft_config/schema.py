@@ -213,8 +213,8 @@ class ControllerConfig(_Strict):
     #: consecutive samples that must agree before the gate switches a batch size and mix on or off
     gate_switch_after: int = Field(default=2, ge=1)
     #: a batch size the gate switched off drafts again (two steps: catch-up, then measured)
-    #: after this many of its steps times its batch bucket (at most 8); 4x that after a
-    #: whole batch switched it off
+    #: after this many of its steps times its batch bucket (at most 8); doubled after each
+    #: probe that left it off, at most 4x (4x at once after a whole batch switched it off)
     gate_probe_interval: int = Field(default=16, ge=3)
 
     @model_validator(mode="after")
