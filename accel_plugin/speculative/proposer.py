@@ -376,9 +376,10 @@ class DomainProposer:
         the next), ``draft_ms`` and ``host_ms`` (median per drafting call: in the draft
         models, and the rest of ``propose``), ``steps``, and ``mixes``: per domain mix of the
         bucket's steps (``code+support``; ``-``: none that drafts) its own ``gate``,
-        ``measured_speedup``, ``samples``, ``steps``, ``tail_factor`` and ``whole_speedup``
-        (whole batches, :mod:`.episodes`; the gate decides per mix; ``gate`` above reads ``per-mix`` where
-        they disagree); ``None`` where not measured."""
+        ``measured_speedup``, ``samples``, ``steps``, ``tail_factor``, ``whole_speedup``
+        (whole batches, :mod:`.episodes`) and ``inherited`` (the smaller bucket whose off
+        verdict it started with); the gate decides per mix, ``gate`` above reads ``per-mix``
+        where they disagree; ``None`` where not measured."""
         with self._lock:
             return self.controller.step_stats()
 

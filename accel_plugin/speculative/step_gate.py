@@ -38,7 +38,11 @@ noisy where the calibration steps that pair them are rare: support at batch 8 re
 ``off`` by the median of the last ``gate_window`` (times the tail factor): on goes off below
 ``min_speedup``, off goes on at ``min_speedup * (1 + hysteresis)``, either after
 ``gate_switch_after`` consecutive samples that ask for it (a switch keeps only the
-last ``gate_min_samples`` samples, so the next verdict reads the new regime). At an
+last ``gate_min_samples`` samples, so the next verdict reads the new regime). A new
+key starts ``off`` where the nearest smaller bucket with a verdict for its mix is off
+(a verified draft token per row costs more as the batch grows: no warm-up of drafting
+steps to find that out again); its own first ``gate_min_samples`` samples, from its
+probes, then decide as a warm-up's would. At an
 off key no row drafts, except a probe after :func:`probe_interval` steps
 (``gate_probe_interval`` times the bucket, at most 8): two drafting
 steps, the first to let the drafts catch up on the plain steps' tokens (not
@@ -114,6 +118,8 @@ class _Bucket:
     factors: deque = field(default_factory=lambda: deque(maxlen=_FACTORS))  #: tail factors (episodes)
     whole: deque = field(default_factory=lambda: deque(maxlen=_FACTORS))  #: whole speedups (drafting episodes)
     last: dict = field(default_factory=dict)  #: drafting?: (tokens/s, rows, cycle index)
+    inherited: int | None = None  #: the smaller bucket whose off verdict this key started with
+    prior: bool = False  #: still on that inherited verdict (fewer than gate_min_samples samples of its own)
     plain_cycles: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
     draft_cycles: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
     draft_s: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
@@ -143,6 +149,19 @@ class StepGate:
         if key not in self._buckets:
             self._buckets[key] = _Bucket(bucket=key[0], samples=deque(maxlen=self.cfg.gate_window))
         return self._buckets[key]
+
+    def _new_key(self, key: GateKey) -> _Bucket:
+        """A key seen for the first time: ``off`` (probes as ever) where the nearest smaller
+        bucket with a verdict for the same mix is off; else warm-up."""
+        at = self._at(key)
+        bucket, mix = key
+        smaller = [(b, other) for (b, m), other in self._buckets.items()
+                   if m == mix and b < bucket and other.state != GateState.WARMUP]
+        if smaller:
+            b, other = max(smaller, key=lambda item: item[0])
+            if other.state == GateState.OFF:
+                at.state, at.inherited, at.prior = GateState.OFF, b, True
+        return at
 
     def _key(self, bucket: int) -> GateKey:
         """The key of the step running now, if it began at ``bucket``; else the bucket alone."""
@@ -242,9 +261,11 @@ class StepGate:
             if at.state == GateState.ON and cycles >= cfg.min_speedup > m:
                 self._switch(at, GateState.OFF, backoff=MAX_BACKOFF)  # a whole batch needs no quick recheck
             return
-        if at.state == GateState.WARMUP:
-            at.state = GateState.ON if m >= cfg.min_speedup else GateState.OFF
-            at.off_steps = at.backoff = 0
+        if at.state == GateState.WARMUP or at.prior:  # its own first verdict
+            state = GateState.ON if m >= cfg.min_speedup else GateState.OFF
+            if not (at.prior and state == GateState.OFF):  # an inherited off that holds keeps its backoff
+                at.state, at.off_steps, at.backoff = state, 0, 0
+            at.prior = False
             return
         is_on = at.state == GateState.ON
         want_on = m >= cfg.min_speedup * (1.0 if is_on else 1.0 + cfg.hysteresis)
@@ -268,7 +289,7 @@ class StepGate:
         ``on``/``warmup`` (draft as planned), ``off`` (no row drafts) or ``probe``
         (draft, to re-measure)."""
         key = (bucket, frozenset(mix))
-        at = self._at(key)
+        at = self._buckets.get(key) or self._new_key(key)
         at.steps += 1
         self._current = (key, False)
         self.episodes.set_key(key)
@@ -347,7 +368,8 @@ class StepGate:
                 "mixes": {mix_name(mix): {"gate": at.state, "measured_speedup": median(at.samples),
                                           "samples": at.total_samples, "steps": at.steps,
                                           "tail_factor": median(at.factors),
-                                          "whole_speedup": median(at.whole)} for mix, at in mixes},
+                                          "whole_speedup": median(at.whole),
+                                          "inherited": at.inherited} for mix, at in mixes},
             }
         return out
 

@@ -231,3 +231,34 @@ def test_a_domains_prompt_lookup_counts_as_the_domain_in_the_step_mix():
     ctl.step(2, {"repeat", "repeat/lookup"}, ["repeat", "repeat/lookup"])  # a lookup-only domain: its entry
     assert set(ctl.step_stats()[8]["mixes"]) == {"support"} and ctl.step_stats()[8]["steps"] == 3
     assert set(ctl.step_stats()[2]["mixes"]) == {"repeat"}
+
+
+def test_a_larger_batch_starts_off_where_a_smaller_one_of_the_same_mix_lost():
+    # drafting loses at batch 4 by the measured cycles (the formula says on: c clamped by the
+    # size band); batch 8 of the same domain starts from that verdict, without a warm-up of
+    # drafting steps, and its own samples (from probes) decide once it has gate_min_samples
+    ctl = controller(ONE, gate_probe_interval=4)  # probes after 4 x 8 = 32 steps at batch 8
+    ctl.set_target_bytes(100)
+    ctl.set_draft_bytes("/d/good", 1)
+    target = Target(draft_s={"/d/good": 0.06})
+    drive(ctl, target, ["good"] * 4, {"good": 0.5}, 200, ONE)
+    assert ctl.step_stats()[4]["gate"] == "off"
+    ks = drive(ctl, target, ["good"] * 8, {"good": 0.5}, 31, ONE, seed=1)
+    assert drafting_share(ks, "good") == 0  # no warm-up at batch 8: off until its first probe
+    mix = ctl.step_stats()[8]["mixes"]["good"]
+    assert mix["gate"] == "off" and mix["inherited"] == 4
+    # drafting gets cheap: the probes' own samples switch batch 8 on (its own first verdict)
+    target.draft_s["/d/good"] = 0.002
+    ks = drive(ctl, target, ["good"] * 8, {"good": 0.5}, 900, ONE, seed=2)
+    assert ctl.step_stats()[8]["gate"] == "on"
+    assert drafting_share(ks[-100:], "good") > 0.8
+
+
+def test_a_larger_batch_warms_up_where_the_smaller_one_pays():
+    ctl = controller(ONE)
+    target = Target(draft_s={"/d/good": 0.005})
+    drive(ctl, target, ["good"] * 4, {"good": 0.8}, 200, ONE)
+    assert ctl.step_stats()[4]["gate"] == "on"
+    ks = drive(ctl, target, ["good"] * 8, {"good": 0.8}, 100, ONE, seed=1)
+    assert ctl.step_stats()[8]["mixes"]["good"]["inherited"] is None
+    assert drafting_share(ks, "good") > 0.8
