@@ -22,6 +22,7 @@ import json
 import sys
 from pathlib import Path
 
+from accel_plugin.demo.compare import step_lines
 from accel_plugin.demo.family import as_model_input, default_models_dir, load_prompts
 from accel_plugin.demo.peers import PEERS
 from accel_plugin.demo.plan import open_family
@@ -64,9 +65,14 @@ def workload(prompts: list[str], batches: tuple[int, ...]) -> tuple[list[list[st
     return warmup, [{"name": f"sweep|{n}|0", "prompts": batch(n)} for n in batches]
 
 
+def last_step_stats(results: dict[str, dict]) -> dict:
+    """Our engine's ``step_stats`` at the end of the run (per batch bucket, its mixes inside)."""
+    return next((r.get("step_stats") for r in reversed(results["ours"]["runs"]) if r.get("step_stats")), None) or {}
+
+
 def rows_from(results: dict[str, dict], batches: tuple[int, ...]) -> list[dict]:
     plain, ours, ngram = (summarise(results[n]) for n in ("plain", "ours", "ngram"))
-    step = next((r.get("step_stats") for r in reversed(results["ours"]["runs"]) if r.get("step_stats")), None) or {}
+    step = last_step_stats(results)
     rows = []
     for n in batches:
         key = ("sweep", n)
@@ -117,8 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{family.name}, set {args.set}, {args.max_tokens} tokens per prompt, {args.rounds} rounds; "
           "ratios: median of paired rounds; gate/pred/meas: the controller's step model per batch bucket")
     print(render(rows))
+    step = last_step_stats(results)
+    print("the controller at the end of the run, per batch bucket and domain mix:")
+    print("\n".join(step_lines(step)))
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        args.json.write_text(json.dumps({"rows": rows, "step_stats": step}, indent=2) + "\n")
     return 0
 
 

@@ -46,6 +46,7 @@ def comparison(configs: dict, peers: list[str]) -> list[dict[str, Any]]:
             "never_slower": None if ratio is None else ratio >= NEVER_SLOWER,
             "lossless": row["identical_outputs"] == row["outputs"],
             "acceptance": row["acceptance"],
+            "drafted": row.get("drafted"),
         })
     return out
 
@@ -61,8 +62,10 @@ def goals23(rows: list[dict], goal_domain: str, *, free_set: str = "support-free
     at = {(r["domain"], r["batch"]): r for r in rows}
     out = []
     ratios = [r["ours_ratio"] for r in rows if r["ours_ratio"] is not None]
+    idle = sum(1 for r in rows if r["never_slower"] is False and r.get("drafted") == 0)
     out.append(_goal(f"every row: ours >= {NEVER_SLOWER}x plain (worst row)", min(ratios, default=None), NEVER_SLOWER,
-                     f"{sum(bool(r['never_slower']) for r in rows)}/{len(rows)} rows"))
+                     f"{sum(bool(r['never_slower']) for r in rows)}/{len(rows)} rows"
+                     + (f"; {idle} of the rows below drafted no token (plain's work)" if idle else "")))
     gaps = [r["ours_ratio"] - r["peers"][r["best_peer"]]["ratio"] for r in rows
             if r["best_peer"] and r["ours_ratio"] is not None]
     out.append(_goal(f"every row: ours >= best peer - {PEER_MARGIN} (worst margin over the best peer)",
@@ -118,7 +121,8 @@ def render_comparison(rows: list[dict], peers: list[str], skipped: dict[str, str
             v = r["peers"].get(p)
             line += f" {_f(v and v['tokens_per_s'], '.1f'):>7} {_f(v and v['ratio'], '.2f') + 'x':>8}"
         verdict = [("ahead of every peer" if r["ahead_of_peers"] else f"behind {r['best_peer']}")
-                   if r["best_peer"] else "no peer", "never slower" if r["never_slower"] else "SLOWER than plain"]
+                   if r["best_peer"] else "no peer", "never slower" if r["never_slower"] else "SLOWER than plain"
+                   + (" (drafted no token)" if r.get("drafted") == 0 else "")]
         if not r["lossless"]:
             verdict.append("outputs DIFFER")
         lines.append(line + "  " + ", ".join(verdict))
@@ -146,7 +150,8 @@ def step_lines(step_stats: dict | None) -> list[str]:
             if name == "-" or not m.get("steps"):
                 continue
             tail = m.get("tail_factor")
-            lines.append(f"    mix {name}: gate {m.get('gate') or '-'}, measured {_f(m.get('measured_speedup'), '.2f')}"
+            inherited = f" (from batch {m['inherited']})" if m.get("inherited") else ""
+            lines.append(f"    mix {name}: gate {m.get('gate') or '-'}{inherited}, measured {_f(m.get('measured_speedup'), '.2f')}"
                          f"{_x(m, 'measured_speedup')}, whole batches x{_f(tail, '.2f')} tail, "
                          f"{_f(m.get('whole_speedup'), '.2f')}{_x(m, 'whole_speedup')} drafting "
                          f"({m.get('steps')} steps, {m.get('samples') or 0} samples)")

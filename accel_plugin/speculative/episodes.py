@@ -97,14 +97,22 @@ def tail_factor(counts: list[int], cycles: list[tuple[int, int, int]], plain: Ma
     """``P / C`` (module docstring) of an episode whose rows received ``counts`` tokens
     in ``cycles`` of (rows, tokens, drafted), with plain cycle times ``plain`` per row
     count; ``None`` when a needed ``p(r)`` is unknown or nothing was decoded."""
-    plain_s = plain_time(counts, plain)
+    return _ratio(plain_time(counts, plain), _credit(cycles, plain))
+
+
+def _credit(cycles: list[tuple[int, int, int]], plain: Mapping[int, float]) -> float | None:
+    """``C`` (module docstring): what the cycles are credited with at plain's time per row."""
     credit = 0.0
     for rows, tokens, _ in cycles:
         p = _plain_at(plain, rows)
         if p is None:
             return None
         credit += p * tokens / rows
-    return plain_s / credit if plain_s and credit > 0 else None
+    return credit
+
+
+def _ratio(plain_s: float | None, credit: float | None) -> float | None:
+    return plain_s / credit if plain_s and credit else None
 
 
 class Episodes:
@@ -166,9 +174,9 @@ class Episodes:
         if drafting < MIN_DRAFTING * len(ep.cycles):
             return None
         plain = {r: median(times) for r, times in self._plain.items() if times}
-        counts = list(ep.rows.values())
-        factor = tail_factor(counts, ep.cycles, plain)
+        plain_s = plain_time(list(ep.rows.values()), plain)
+        factor = _ratio(plain_s, _credit(ep.cycles, plain))
         if factor is None:
             return None
-        speedup = plain_time(counts, plain) / ep.seconds if drafting >= ON_SHARE * len(ep.cycles) else None
+        speedup = plain_s / ep.seconds if drafting >= ON_SHARE * len(ep.cycles) else None
         return sorted(ep.keys, key=repr), factor, speedup

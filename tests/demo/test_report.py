@@ -161,6 +161,15 @@ def test_peer_verdicts_and_issue23_goals_from_fake_numbers():
     text = render(report, {"tuned": "TUNED"})
     assert "ours (tuned drafts) beside vLLM's own speculators" in text
     assert "behind ngram" in text and "ahead of every peer" in text and "SLOWER than plain" in text
+    # a row below plain says whether it drafted at all (none: plain's work, so the machine's noise)
+    assert rows[("repeat", 8)]["drafted"] == 50 and "(drafted no token)" not in text
+    assert report["goals23"][0]["detail"] == "3/4 rows"
+    from accel_plugin.demo.compare import goals23, render_comparison
+
+    rows[("repeat", 8)]["drafted"] = 0
+    assert goals23(report["comparison"], "support")[0]["detail"] == (
+        "3/4 rows; 1 of the rows below drafted no token (plain's work)")
+    assert "SLOWER than plain (drafted no token)" in "\n".join(render_comparison(report["comparison"], ["ngram"], {}))
     assert "suffix: not run (arctic_inference is not importable)" in text
     assert "batch 8: predicted 0.97x, measured 0.96x, gate off" in text and "host 0.60 ms" in text
     assert "(method ngram)" in text and "Goals of issue 23" in text
@@ -180,10 +189,13 @@ def test_issue23_goals_without_peers_or_sets_are_not_measured():
     assert "not reported" in step_lines(None)[0]
     mixes = {"support": {"gate": "off", "measured_speedup": 1.05, "samples": 9, "steps": 40, "tail_factor": 0.87,
                          "whole_speedup": 0.93},
-             "-": {"gate": "warmup", "steps": 3}, "code": {"gate": "on", "steps": 0}}
+             "-": {"gate": "warmup", "steps": 3}, "code": {"gate": "on", "steps": 0},
+             "general": {"gate": "off", "inherited": 4, "steps": 12}}
     lines = step_lines({"8": {"gate": "off", "mixes": mixes}})
     assert lines[1:] == ["    mix support: gate off, measured 1.05x, whole batches x0.87 tail, 0.93x drafting "
-                         "(40 steps, 9 samples)"]
+                         "(40 steps, 9 samples)",
+                         "    mix general: gate off (from batch 4), measured -, whole batches x- tail, - drafting "
+                         "(12 steps, 0 samples)"]
 
 
 def test_differing_peer_outputs_miss_the_lossless_goal():
