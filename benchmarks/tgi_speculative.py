@@ -89,14 +89,15 @@ def _rows(result: dict, batch_size: int) -> list[list[str]]:
         per_step = (r["tokens"] - requests) / row_steps if row_steps else 0.0
         if name == "accel":
             # the support draft, and its prompt lookup where drafts.yaml gives support one
-            entries = [(label, r["stats"][key]) for label, key in (("support draft", "support"),
-                                                                   ("lookup", "support/lookup"))
+            # (label, prefix of its acceptance, the proposer's entry)
+            entries = [(label, prefix, r["stats"][key]) for label, prefix, key in
+                       (("support draft", "", "support"), ("lookup", "lookup ", "support/lookup"))
                        if key in r["stats"]]
             speculation = f"{model['proposer']} (" + "; ".join(
-                f"{label}, k {st['k']}/{st['k_max']}, {st['state']}" for label, st in entries) + ")"
+                f"{label}, k {st['k']}/{st['k_max']}, {st['state']}" for label, _, st in entries) + ")"
             acceptance = "; ".join(
-                f"{'' if label == 'support draft' else label + ' '}{st['accepted']}/{st['drafted']}"
-                + (f" (alpha {st['alpha']:.2f})" if st.get("alpha") is not None else "") for label, st in entries)
+                f"{prefix}{st['accepted']}/{st['drafted']}"
+                + (f" (alpha {st['alpha']:.2f})" if st.get("alpha") is not None else "") for _, prefix, st in entries)
         elif name == "packed":
             speculation, acceptance = "none; accel's prepacked target matrices (what they alone are worth)", "-"
         elif name == "ngram":

@@ -186,8 +186,9 @@ def cost_ratio_agreement(configs: dict) -> list[dict]:
     out = []
     for draft, per_config in sorted(by_draft.items()):
         values = list(per_config.values())
+        comparable = len(values) >= 2 and draft != LOOKUP_DRAFT
         out.append({"draft": draft, "by_config": per_config,
-                    "agree": None if len(values) < 2 or draft == LOOKUP_DRAFT else max(values) <= C_AGREEMENT * min(values)})
+                    "agree": max(values) <= C_AGREEMENT * min(values) if comparable else None})
     return out
 
 
