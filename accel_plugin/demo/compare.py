@@ -46,7 +46,8 @@ def comparison(configs: dict, peers: list[str]) -> list[dict[str, Any]]:
             "never_slower": None if ratio is None else ratio >= NEVER_SLOWER,
             "lossless": row["identical_outputs"] == row["outputs"],
             "acceptance": row["acceptance"],
-            "drafted": row.get("drafted"),
+            #: draft tokens of every kind (draft models and prompt lookups) in its timed runs
+            "drafted": None if row.get("drafted") is None else row["drafted"] + row.get("lookup_drafted", 0),
         })
     return out
 

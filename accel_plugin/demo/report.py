@@ -38,12 +38,15 @@ def summarise(result: dict, routed: dict[str, list[str]] | None = None) -> dict[
     runs took in each round; ``seconds``, the median round; with speculation the
     proposer's counters over all rounds and, for the domains the label's prompts are
     ``routed`` to, the controller's state, k and costs at that batch size after the
-    last round."""
+    last round (``drafted``/``accepted``: their draft models' or no-draft entries';
+    ``lookup_drafted``: their prompt lookups')."""
+    from ..speculative.lookup import lookup_entry
+
     out: dict[tuple[str, int], dict[str, Any]] = {}
     for run in result["runs"]:
         label, batch, _ = run["name"].split("|")
         entry = out.setdefault((label, int(batch)), {
-            "generated": 0, "rounds": [], "drafted": 0, "accepted": 0, "steps": 0, "token_ids": [],
+            "generated": 0, "rounds": [], "drafted": 0, "accepted": 0, "steps": 0, "lookup_drafted": 0, "token_ids": [],
             "domains": {}, "propose_steps": 0, "propose_seconds": 0.0, "repeats_identical": True})
         entry["generated"] += run["generated"]
         times = run.get("seconds_all") or [run["seconds"]]
@@ -55,6 +58,8 @@ def summarise(result: dict, routed: dict[str, list[str]] | None = None) -> dict[
         entry["step_stats"] = run.get("step_stats")
         stats = run.get("stats") or {}
         for domain in (routed or {}).get(label, []):
+            # the domain's prompt lookup (its own controller entry): counted apart from its draft's
+            entry["lookup_drafted"] += (run.get("delta", {}).get(lookup_entry(domain)) or {}).get("drafted", 0)
             d = run.get("delta", {}).get(domain)
             if d is None:
                 continue
@@ -125,7 +130,7 @@ def build_report(results: dict[str, dict], routes: dict[str, dict], settings: di
                 "ratio": paired_ratio(base, s), "ratio_per_round": per_round_ratios(base, s),
                 "ratio_all_rounds": total_ratio(base, s),
                 "drafted": s["drafted"], "accepted": s["accepted"], "acceptance": s["acceptance"],
-                "proposer": s["domains"], "predicted_speedup": _predicted(s["domains"]),
+                "lookup_drafted": s["lookup_drafted"], "proposer": s["domains"], "predicted_speedup": _predicted(s["domains"]),
                 "propose_ms_per_step": s["propose_ms_per_step"],
                 "identical_outputs": same if s["repeats_identical"] and base["repeats_identical"] else 0,
                 "outputs": len(s["token_ids"]),

@@ -207,3 +207,19 @@ def test_differing_peer_outputs_miss_the_lossless_goal():
     report["comparison"][0]["peers"]["ngram"]["lossless"] = False
     last = goals23(report["comparison"], "support")[-1]
     assert last["met"] is False and last["measured"] == pytest.approx(0.5)
+
+
+def test_a_rows_prompt_lookup_counts_as_drafting_apart_from_its_draft():
+    from accel_plugin.demo.compare import comparison
+
+    stats = {"repeat": _stats(4, 0, 0, state="no-draft"), "repeat/lookup": _stats(4, 12, 9)}
+    run = {"name": "repeat|8|0", "seconds": 1.0, "seconds_all": [1.0], "generated": 64, "token_ids": [[1]] * 8,
+           "stats": stats, "delta": {"repeat": {"steps": 4, "drafted": 0, "accepted": 0},
+                                     "repeat/lookup": {"steps": 4, "drafted": 12, "accepted": 9}}}
+    entry = summarise({"runs": [run]}, {"repeat": ["repeat"]})[("repeat", 8)]
+    assert (entry["drafted"], entry["lookup_drafted"]) == (0, 12)  # the draft's acceptance stays the draft's
+    row = {"domain": "repeat", "batch": 8, "plain_tokens_per_s": 64.0, "spec_tokens_per_s": 60.0, "ratio": 0.94,
+           "identical_outputs": 8, "outputs": 8, "acceptance": None, "drafted": 0, "lookup_drafted": 12}
+    assert comparison({"tuned": {"rows": [row]}}, [])[0]["drafted"] == 12  # it drafted: no "(drafted no token)"
+    row["lookup_drafted"] = 0
+    assert comparison({"tuned": {"rows": [row]}}, [])[0]["drafted"] == 0
