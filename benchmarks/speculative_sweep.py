@@ -70,9 +70,10 @@ def last_step_stats(results: dict[str, dict]) -> dict:
     return next((r.get("step_stats") for r in reversed(results["ours"]["runs"]) if r.get("step_stats")), None) or {}
 
 
-def rows_from(results: dict[str, dict], batches: tuple[int, ...]) -> list[dict]:
+def rows_from(results: dict[str, dict], batches: tuple[int, ...], step: dict | None = None) -> list[dict]:
+    """One row per batch size; ``step``: our engine's step_stats (default: :func:`last_step_stats`)."""
     plain, ours, ngram = (summarise(results[n]) for n in ("plain", "ours", "ngram"))
-    step = last_step_stats(results)
+    step = last_step_stats(results) if step is None else step
     rows = []
     for n in batches:
         key = ("sweep", n)
@@ -119,11 +120,11 @@ def main(argv: list[str] | None = None) -> int:
                                max_model_len=family.max_model_len, max_num_seqs=max(16, most),
                                kv_cache_mib=max(128, most * 256 * 48 // 1024),
                                progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
-    rows = rows_from(results, args.batches)
+    step = last_step_stats(results)
+    rows = rows_from(results, args.batches, step)
     print(f"{family.name}, set {args.set}, {args.max_tokens} tokens per prompt, {args.rounds} rounds; "
           "ratios: median of paired rounds; gate/pred/meas: the controller's step model per batch bucket")
     print(render(rows))
-    step = last_step_stats(results)
     print("the controller at the end of the run, per batch bucket and domain mix:")
     print("\n".join(step_lines(step)))
     if args.json:

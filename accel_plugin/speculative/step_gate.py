@@ -119,7 +119,6 @@ class _Bucket:
     whole: deque = field(default_factory=lambda: deque(maxlen=_FACTORS))  #: whole speedups (drafting episodes)
     last: dict = field(default_factory=dict)  #: drafting?: (tokens/s, rows, cycle index)
     inherited: int | None = None  #: the smaller bucket whose off verdict this key started with
-    prior: bool = False  #: still on that inherited verdict (fewer than gate_min_samples samples of its own)
     plain_cycles: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
     draft_cycles: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
     draft_s: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
@@ -160,7 +159,7 @@ class StepGate:
         if smaller:
             b, other = max(smaller, key=lambda item: item[0])
             if other.state == GateState.OFF:
-                at.state, at.inherited, at.prior = GateState.OFF, b, True
+                at.state, at.inherited = GateState.OFF, b
         return at
 
     def _key(self, bucket: int) -> GateKey:
@@ -261,11 +260,12 @@ class StepGate:
             if at.state == GateState.ON and cycles >= cfg.min_speedup > m:
                 self._switch(at, GateState.OFF, backoff=MAX_BACKOFF)  # a whole batch needs no quick recheck
             return
-        if at.state == GateState.WARMUP or at.prior:  # its own first verdict
+        # its own first verdict: a warm-up's, or one that started from a smaller bucket's off
+        prior = at.inherited is not None and at.total_samples == cfg.gate_min_samples
+        if at.state == GateState.WARMUP or prior:
             state = GateState.ON if m >= cfg.min_speedup else GateState.OFF
-            if not (at.prior and state == GateState.OFF):  # an inherited off that holds keeps its backoff
+            if not (prior and state == GateState.OFF):  # an inherited off that holds keeps its backoff
                 at.state, at.off_steps, at.backoff = state, 0, 0
-            at.prior = False
             return
         is_on = at.state == GateState.ON
         want_on = m >= cfg.min_speedup * (1.0 if is_on else 1.0 + cfg.hysteresis)
