@@ -13,12 +13,18 @@ An **episode** is such a batch: it starts at a call whose decoding rows are all 
 starts; a row that joins midway, or a step that is not timed, spoils it (a server
 that admits rows as others finish has no tail: its cycles tell the truth). Of a
 finished episode, with ``m_i`` the tokens row ``i`` received after the first call
-and ``p(r)`` a plain cycle's time at ``r`` rows (the median of the recent ones; a row
-count not measured reads as its measured neighbours, interpolated):
+and ``p(r)`` a plain cycle's time at ``r`` rows (the median of the recent ones of the
+episode's domain mix where :data:`MIN_OWN` were measured, else of every mix; a row count
+not measured reads as its measured neighbours, interpolated):
 
 - ``P``, plain's time for the same tokens: rows sorted by ``m``,
   ``sum_j (m_(j) - m_(j-1)) p(R - j + 1)`` (a plain row gets one token a step);
 - ``C``, what its cycles are credited with: ``sum over cycles of p(r) tokens / r``;
+
+(``p`` is the mix's own because a plain step's time depends on its rows' contexts, not
+only on their number: at batch 8 on a 2-core CPU the support prompts' plain steps took
+83-96 ms where the median over every mix the engine ran was 107 ms, which priced the
+support batches' plain time, and so their whole speedup, 10-25% too high);
 
 and its **tail factor** ``P / C`` (1 when rows keep pace, below 1 with a tail). The
 gate multiplies its cycle median at the episode's key (its first step's bucket and
@@ -42,7 +48,7 @@ from dataclasses import dataclass, field
 
 from .costs import median
 
-__all__ = ["MIN_DRAFTING", "ON_SHARE", "Episodes", "plain_time", "tail_factor"]
+__all__ = ["MIN_DRAFTING", "MIN_OWN", "ON_SHARE", "Episodes", "plain_time", "tail_factor"]
 
 #: an episode counts when at least this fraction of its cycles drafted
 MIN_DRAFTING = 0.25
@@ -50,8 +56,10 @@ MIN_DRAFTING = 0.25
 ON_SHARE = 0.5
 #: cycles an episode may hold (beyond: dropped; a batch that long has no tail to speak of)
 _MAX_CYCLES = 8192
-#: plain cycle times kept per row count
+#: plain cycle times kept per row count (and per domain mix and row count)
 _KEPT = 32
+#: plain cycles of an episode's own mix at a row count that make its p(r) there
+MIN_OWN = 3
 
 
 @dataclass
@@ -125,14 +133,27 @@ class Episodes:
     """
 
     def __init__(self) -> None:
-        self._plain: dict[int, deque] = {}
+        self._plain: dict[int, deque] = {}  #: rows -> plain cycle times, every mix
+        self._own: dict[tuple[frozenset, int], deque] = {}  #: (mix, rows) -> plain cycle times
         self._current: _Episode | None = None
         self._cycle: tuple[float | None, int, int, int] | None = None
 
-    def record_cycle(self, seconds: float | None, rows: int, tokens: int, drafted: int) -> None:
+    def record_cycle(self, seconds: float | None, rows: int, tokens: int, drafted: int,
+                     mix: frozenset = frozenset()) -> None:
+        """The cycle that ended now, of a step whose key had domain ``mix``."""
         self._cycle = (seconds, rows, tokens, drafted)
         if seconds is not None and seconds > 0 and rows > 0 and not drafted:
             self._plain.setdefault(rows, deque(maxlen=_KEPT)).append(seconds)
+            self._own.setdefault((mix, rows), deque(maxlen=_KEPT)).append(seconds)
+
+    def plain_times(self, mix: frozenset | None = None) -> dict[int, float]:
+        """``p(r)`` per measured row count: of ``mix`` where it has :data:`MIN_OWN` plain
+        cycles at ``r``, else of every mix (``None``: every mix)."""
+        plain = {r: median(times) for r, times in self._plain.items() if times}
+        if mix is not None:
+            plain.update({r: median(times) for (m, r), times in self._own.items()
+                          if m == mix and len(times) >= MIN_OWN})
+        return plain
 
     def record_rows(self, tokens: Mapping[Hashable, int], joined: int) -> tuple[list, float, float | None] | None:
         """This call's decoding rows (id -> tokens received) of which ``joined`` are new.
@@ -173,7 +194,7 @@ class Episodes:
         drafting = sum(1 for _, _, d in ep.cycles if d)
         if drafting < MIN_DRAFTING * len(ep.cycles):
             return None
-        plain = {r: median(times) for r, times in self._plain.items() if times}
+        plain = self.plain_times(ep.key[1])
         plain_s = plain_time(list(ep.rows.values()), plain)
         factor = _ratio(plain_s, _credit(ep.cycles, plain))
         if factor is None:

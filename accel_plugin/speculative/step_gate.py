@@ -176,7 +176,7 @@ class StepGate:
         It counts under the key its step began with."""
         key = self._key(bucket)
         current, self._current = self._current, None
-        self.episodes.record_cycle(seconds, rows, tokens, drafted)
+        self.episodes.record_cycle(seconds, rows, tokens, drafted, key[1])
         if seconds is None or seconds <= 0 or rows <= 0 or tokens <= 0:
             for b in self._buckets.values():
                 b.last.clear()

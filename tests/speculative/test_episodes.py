@@ -88,6 +88,32 @@ def test_a_whole_batch_that_lost_switches_an_on_key_off_at_once():
     assert g.state(*off) == "off"
 
 
+def test_an_episodes_plain_time_is_its_own_mixs_where_measured_else_every_mixs():
+    """A plain step's time depends on its rows' contexts: a support batch's plain time is
+    read from support's plain cycles, not from the median over every mix the engine ran."""
+    ep = Episodes()
+    support, code = frozenset({"support"}), frozenset({"code"})
+    for seconds, mix in [(0.08, support)] * 3 + [(0.12, code)] * 5:  # pooled median: 0.12
+        ep.record_cycle(seconds, 2, 2, 0, mix)
+    ep.record_cycle(0.09, 1, 1, 0, support)  # one cycle of its own at 1 row: too few, pooled
+    ep.record_cycle(0.05, 1, 1, 0, code)
+    ep.record_cycle(0.05, 1, 1, 0, code)
+    assert ep.plain_times() == {2: pytest.approx(0.12), 1: pytest.approx(0.05)}
+    assert ep.plain_times(support) == {2: pytest.approx(0.08), 1: pytest.approx(0.05)}
+    key = (2, support)
+    feed(ep, {"a": 1, "b": 1}, joined=2, cycle=(None, 0, 0, 0), key=key)
+    feed(ep, {"a": 4, "b": 4}, 0, cycle=(0.2, 2, 8, 4), key=key)
+    _, factor, speedup = feed(ep, {"x": 1}, joined=1, cycle=(None, 0, 0, 0), key=key)
+    # plain: 4 steps of 2 support rows at 0.08 s = 0.32 s (pooled would say 0.48 s); it took 0.2 s
+    assert factor == pytest.approx(1.0) and speedup == pytest.approx(0.32 / 0.2)
+    g = gate()  # the gate files each plain cycle under its step's mix
+    on_at(g, (2, support), 1.25, samples=3)
+    on_at(g, (2, code), 1.25, samples=3)
+    g.record_cycle(0.3, 2, 2, 2, 0)  # a step that did not begin: no mix
+    assert g.episodes.plain_times(support) == g.episodes.plain_times(code) == {2: pytest.approx(0.1)}
+    assert g.episodes.plain_times(frozenset()) == {2: pytest.approx(0.1)}  # one of its own: too few
+
+
 @pytest.mark.parametrize("spoil", ["joined", "untimed"])
 def test_a_row_that_joins_or_a_step_not_timed_spoils_the_episode(spoil):
     ep = Episodes()
