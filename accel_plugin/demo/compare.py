@@ -151,7 +151,8 @@ def step_lines(step_stats: dict | None) -> list[str]:
             if name == "-" or not m.get("steps"):
                 continue
             tail = m.get("tail_factor")
-            inherited = f" (from batch {m['inherited']})" if m.get("inherited") else ""
+            inherited = "" if not m.get("inherited") else f" (from batch {m['inherited']})" if int(
+                m["inherited"]) < int(bucket) else " (each of its domains off alone)"
             lines.append(f"    mix {name}: gate {m.get('gate') or '-'}{inherited}, measured {_f(m.get('measured_speedup'), '.2f')}"
                          f"{_x(m, 'measured_speedup')}, whole batches x{_f(tail, '.2f')} tail, "
                          f"{_f(m.get('whole_speedup'), '.2f')}{_x(m, 'whole_speedup')} drafting "

@@ -41,7 +41,9 @@ noisy where the calibration steps that pair them are rare: support at batch 8 re
 last ``gate_min_samples`` samples, so the next verdict reads the new regime). A new
 key starts ``off`` where the nearest smaller bucket with a verdict for its mix is off
 (a verified draft token per row costs more as the batch grows: no warm-up of drafting
-steps to find that out again); its own first ``gate_min_samples`` samples, from its
+steps to find that out again), or, with no such bucket, where its mix has several
+domains and each of them alone is off at its bucket (a step that drafts for several
+domains pays for several drafts); its own first ``gate_min_samples`` samples, from its
 probes, then decide as a warm-up's would. At an
 off key no row drafts, except a probe after :func:`probe_interval` steps
 (``gate_probe_interval`` times the bucket, at most 8): two drafting
@@ -118,7 +120,9 @@ class _Bucket:
     factors: deque = field(default_factory=lambda: deque(maxlen=_FACTORS))  #: tail factors (episodes)
     whole: deque = field(default_factory=lambda: deque(maxlen=_FACTORS))  #: whole speedups (drafting episodes)
     last: dict = field(default_factory=dict)  #: drafting?: (tokens/s, rows, cycle index)
-    inherited: int | None = None  #: the smaller bucket whose off verdict this key started with
+    #: the bucket whose off verdict this key started with: a smaller one of its mix, or its own
+    #: (each domain of its mix off alone there)
+    inherited: int | None = None
     plain_cycles: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
     draft_cycles: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
     draft_s: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
@@ -151,7 +155,8 @@ class StepGate:
 
     def _new_key(self, key: GateKey) -> _Bucket:
         """A key seen for the first time: ``off`` (probes as ever) where the nearest smaller
-        bucket with a verdict for the same mix is off; else warm-up."""
+        bucket with a verdict for the same mix is off, or, with none, where its mix has
+        several domains and each of them alone is off at this bucket; else warm-up."""
         at = self._at(key)
         bucket, mix = key
         smaller = [(b, other) for (b, m), other in self._buckets.items()
@@ -160,6 +165,10 @@ class StepGate:
             b, other = max(smaller, key=lambda item: item[0])
             if other.state == GateState.OFF:
                 at.state, at.inherited = GateState.OFF, b
+        elif len(mix) > 1:
+            alone = [self._buckets.get((bucket, frozenset({m}))) for m in mix]
+            if all(one is not None and one.state == GateState.OFF for one in alone):
+                at.state, at.inherited = GateState.OFF, bucket
         return at
 
     def _key(self, bucket: int) -> GateKey:

@@ -190,12 +190,15 @@ def test_issue23_goals_without_peers_or_sets_are_not_measured():
     mixes = {"support": {"gate": "off", "measured_speedup": 1.05, "samples": 9, "steps": 40, "tail_factor": 0.87,
                          "whole_speedup": 0.93},
              "-": {"gate": "warmup", "steps": 3}, "code": {"gate": "on", "steps": 0},
-             "general": {"gate": "off", "inherited": 4, "steps": 12}}
+             "general": {"gate": "off", "inherited": 4, "steps": 12},
+             "general+support": {"gate": "off", "inherited": 8, "steps": 2}}
     lines = step_lines({"8": {"gate": "off", "mixes": mixes}})
     assert lines[1:] == ["    mix support: gate off, measured 1.05x, whole batches x0.87 tail, 0.93x drafting "
                          "(40 steps, 9 samples)",
                          "    mix general: gate off (from batch 4), measured -, whole batches x- tail, - drafting "
-                         "(12 steps, 0 samples)"]
+                         "(12 steps, 0 samples)",
+                         "    mix general+support: gate off (each of its domains off alone), measured -, whole "
+                         "batches x- tail, - drafting (2 steps, 0 samples)"]
 
 
 def test_differing_peer_outputs_miss_the_lossless_goal():

@@ -254,6 +254,29 @@ def test_a_larger_batch_starts_off_where_a_smaller_one_of_the_same_mix_lost():
     assert drafting_share(ks[-100:], "good") > 0.8
 
 
+def test_a_new_mix_starts_off_where_each_of_its_domains_alone_is_off_at_its_bucket():
+    g = StepGate(ControllerConfig(gate_min_samples=2, gate_window=4))
+
+    def measured(key, speedup: float) -> None:  # paired cycles: drafting at speedup x plain
+        for seconds, drafted in [(0.1, 0), (0.1 / speedup, 8)] * 3:
+            g.begin(*key)
+            g.record_cycle(seconds, 8, 8, 8, drafted)
+
+    code, support, general = (frozenset({n}) for n in ("code", "support", "general"))
+    measured((8, code), 0.8)
+    measured((8, support), 0.8)
+    measured((8, general), 1.3)
+    assert [g.state(8, m) for m in (code, support, general)] == ["off", "off", "on"]
+    assert g.begin(8, code | support) == "off"  # no warm-up of drafting steps: both lost alone
+    mix = g.stats()[8]["mixes"]["code+support"]
+    assert mix["gate"] == "off" and mix["inherited"] == 8
+    assert g.begin(8, code | general) == "warmup"  # general pays alone
+    assert g.begin(8, code | frozenset({"repeat"})) == "warmup"  # repeat never seen alone here
+    assert g.begin(1, code | support) == "warmup"  # another bucket: nothing known alone there
+    measured((8, code | support), 1.3)  # its own probes' samples decide (here: on)
+    assert g.state(8, code | support) == "on"
+
+
 def test_a_larger_batch_warms_up_where_the_smaller_one_pays():
     ctl = controller(ONE)
     target = Target(draft_s={"/d/good": 0.005})
