@@ -29,9 +29,7 @@ Per domain and bucket the controller decides on or off and k:
   then wait for the next step. (With every domain of a batch off, plain steps
   happen by themselves.)
 - **Probing.** An off domain drafts ``probe_k`` tokens for one of its requests
-  once every ``probe_interval`` of its steps, doubled by each probe while it stays
-  off (at most :data:`PROBE_BACKOFF` times; a switch on resets it): a probe's draft
-  first catches up on its request's whole context. A domain whose draft model failed
+  once every ``probe_interval`` of its steps. A domain whose draft model failed
   is off for good (state ``failed``).
 
 Per step, the step model (:func:`.step_model.plan_step`, given every row's domain)
@@ -59,7 +57,7 @@ from .step_gate import GateState, StepGate
 from .step_model import plan_step
 
 # batch_bucket re-exported from .costs, best_k from .speedup
-__all__ = ["PROBE_BACKOFF", "DomainController", "batch_bucket", "best_k", "expected_speedup", "expected_tokens"]
+__all__ = ["DomainController", "batch_bucket", "best_k", "expected_speedup", "expected_tokens"]
 
 #: a bucket with fewer than MIN_PAIRS samples of v calibrates every other step
 _EARLY_CALIBRATION = 2
@@ -67,8 +65,6 @@ _EARLY_CALIBRATION = 2
 _WARMUP_WAIT = 32
 #: a new k must predict more than this much (relative) above the current k
 _K_MARGIN = 0.01
-#: doublings of an off domain's probe interval (one per probe while it stays off)
-PROBE_BACKOFF = 2
 #: calibration interval (at most) while a bucket's gate has fewer than gate_window samples
 _GATE_CALIBRATION = 8
 #: timed cycles of a bucket after which the gate's early calibration stops (rows never pair)
@@ -101,7 +97,6 @@ class _Domain:
         self.choices: dict[int, _Choice] = {}  #: by batch bucket
         self.steps = self.drafted = self.accepted = self.switches = 0
         self.idle_steps = 0  #: steps spent off since the last probe
-        self.backoff = 0  #: doublings of its probe interval (probes since it went off)
         self.probed = False  #: a request of this domain probes in the current step
         self.error: str | None = None
 
@@ -146,13 +141,15 @@ class DomainController:
         self.costs.record_draft(draft, rows, seconds_per_forward)
 
     def record_step(self, seconds: float | None, rows: int, drafted_tokens: int) -> None:
-        """The target step since the last call decoded ``rows`` requests and verified ``drafted_tokens``
-        drafts in all (0: plain) in ``seconds`` (``None``: not comparable, e.g. it ran a prefill)."""
+        """The target step since the last call decoded ``rows`` requests and verified
+        ``drafted_tokens`` drafts in all (0: plain) in ``seconds`` (``None``: not
+        comparable, e.g. it ran a prefill)."""
         self.costs.record_step(seconds, rows, drafted_tokens)
 
     def record_cycle(self, seconds: float | None, rows: int, tokens: int, drafted: int) -> None:
-        """The cycle since the last call's start (its drafting, the target step, host work) decoded
-        ``rows`` requests into ``tokens`` tokens, verified ``drafted`` drafts (``None`` seconds: not comparable)."""
+        """The cycle since the last call's start (its drafting, the target step, host work)
+        decoded ``rows`` requests into ``tokens`` tokens and verified ``drafted`` drafts
+        (``None`` seconds: not comparable)."""
         self.gate.record_cycle(seconds, rows, batch_bucket(rows), tokens, drafted)
 
     def record_call(self, rows: int, seconds: float, draft_seconds: float, drafted: int) -> None:
@@ -294,7 +291,7 @@ class DomainController:
         if choice.pending >= self.cfg.switch_after or undecided and not want_on:
             d.switches += not undecided
             choice.state, choice.k, choice.pending = (DomainState.ON, k, 0) if want_on else (DomainState.OFF, 0, 0)
-            d.idle_steps, d.backoff = 0, 0 if want_on else d.backoff
+            d.idle_steps = 0
 
     def _state(self, d: _Domain, bucket: int) -> tuple[str, int]:
         """(state, k) of ``d`` at ``bucket`` (undecided: the nearest decided bucket's, or warm-up)."""
@@ -313,41 +310,42 @@ class DomainController:
     def k_for(self, domain: str) -> int:
         """Tokens to draft this step for a request of ``domain`` (probes included; 0 in a
         calibration step or when the step gate is off; the step model's k if it planned).
-        An off domain's probe goes to the first of its requests asked for in a step; the
-        others draft nothing. Call :meth:`end_step` once per step after the last ``k_for``."""
+
+        An off domain's probe goes to the first of its requests asked for in a step;
+        the others draft nothing. Call :meth:`end_step` once per framework step after
+        the last ``k_for``.
+        """
         if self.calibrating or self.gated:
             return 0
         d = self._domains[domain]
         state, k = self._state(d, self._bucket)
         if state == DomainState.OFF:
-            if d.probed or d.idle_steps + 1 < self.cfg.probe_interval << d.backoff:
+            if d.probed or d.idle_steps + 1 < self.cfg.probe_interval:
                 return 0
             d.probed = True
             return min(self.cfg.probe_k, d.k_max)
         return k if self._plan is None else self._plan.get(domain, k)
 
     def end_step(self, domains_seen: set[str]) -> None:
-        """Count a step of every off domain that had requests (towards its next probe; one
-        that probed now waits twice as long for the next); a calibration step or one the
-        gate kept from drafting does not count."""
-        probed = {d.name for d in self._domains.values() if d.probed}
+        """Count a step of every off domain that had requests (towards its next probe);
+        a calibration step or one the gate kept from drafting does not count."""
         for d in self._domains.values():
             d.probed = False
         if self.calibrating or self.gated:
             return
         for name in domains_seen:
             d = self._domains[name]
-            if name in probed:
-                d.idle_steps, d.backoff = 0, min(PROBE_BACKOFF, d.backoff + 1)
-            elif self._state(d, self._bucket)[0] == DomainState.OFF:
-                d.idle_steps = 0 if d.idle_steps + 1 >= self.cfg.probe_interval << d.backoff else d.idle_steps + 1
+            if self._state(d, self._bucket)[0] == DomainState.OFF:
+                d.idle_steps = 0 if d.idle_steps + 1 >= self.cfg.probe_interval else d.idle_steps + 1
 
     def fail(self, draft: str, error: str) -> list[str]:
         """Switch off every domain served by ``draft``; returns their names."""
-        failed = [d for d in self._domains.values() if d.draft == draft and d.fixed != DomainState.FAILED]
-        for d in failed:
-            d.fixed, d.error = DomainState.FAILED, error
-        return [d.name for d in failed]
+        names = []
+        for d in self._domains.values():
+            if d.draft == draft and d.fixed != DomainState.FAILED:
+                d.fixed, d.error = DomainState.FAILED, error
+                names.append(d.name)
+        return names
 
     # ------------------------------------------------------------------- reading
 
@@ -356,7 +354,9 @@ class DomainController:
         b = self._bucket
         for d in self._domains.values():
             state, k = self._state(d, b)
-            v, c, alpha = self.verify_overhead(max(k, 1)), self.cost_ratio(d.name), d.window.alpha
+            v = self.verify_overhead(max(k, 1))
+            c = self.cost_ratio(d.name)
+            alpha = d.window.alpha
             speedup = None if alpha is None or c is None else expected_speedup(alpha, k, c, v)
             out[d.name] = DomainStats(
                 domain=d.name, draft=d.draft, state=state, k=k, k_max=d.k_max,
@@ -384,16 +384,17 @@ class DomainController:
 
     def summary(self) -> str:
         """One part per domain, then one per batch bucket of the step gate, for the periodic log."""
-        def f(x: float | None, spec: str, unit: str = "") -> str:  # "n/a" while unmeasured
-            return "n/a" if x is None or math.isnan(x) else format(x, spec) + unit
-
         parts = []
         for s in self.stats().values():
-            per_batch = "" if len(s.by_bucket) < 2 else " k_by_batch=" + ",".join(
-                f"{b}:{k}" for b, (_, k) in s.by_bucket.items())
+            alpha = "n/a" if s.alpha is None else f"{s.alpha:.2f}"
+            c = "n/a" if s.cost_ratio is None else f"{s.cost_ratio:.3f}"
+            v = "n/a" if s.verify_overhead is None else f"{s.verify_overhead:.3f}"
+            sp = "n/a" if s.expected_speedup is None or math.isnan(s.expected_speedup) else f"{s.expected_speedup:.2f}x"
+            per_batch = ""
+            if len(s.by_bucket) > 1:
+                per_batch = " k_by_batch=" + ",".join(f"{b}:{k}" for b, (_, k) in s.by_bucket.items())
             parts.append(
                 f"{s.domain}: state={s.state} k={s.k}/{s.k_max} batch<={s.bucket} drafted={s.drafted} "
-                f"accepted={s.accepted} alpha={f(s.alpha, '.2f')} c={f(s.cost_ratio, '.3f')} "
-                f"v={f(s.verify_overhead, '.3f')} S={f(s.expected_speedup, '.2f', 'x')}{per_batch}"
+                f"accepted={s.accepted} alpha={alpha} c={c} v={v} S={sp}{per_batch}"
             )
         return "; ".join(parts + self.gate.summary())

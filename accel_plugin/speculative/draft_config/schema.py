@@ -183,7 +183,6 @@ class ControllerConfig(_Strict):
     #: that a poor draft costs little before it is found out
     warmup_k: int = Field(default=2, ge=1)
     #: a switched-off domain drafts ``probe_k`` tokens for one request once every ``probe_interval`` steps
-    #: (doubled by each probe while it stays off, at most twice)
     probe_interval: int = Field(default=32, ge=1)
     probe_k: int = Field(default=1, ge=1)
     #: a fixed draft/target cost ratio c instead of the measured one
