@@ -378,8 +378,9 @@ class DomainProposer:
         bucket's steps (``code+support``; ``-``: none that drafts) its own ``gate``,
         ``measured_speedup``, ``samples``, ``steps``, ``tail_factor``, ``whole_speedup``
         (whole batches, :mod:`.episodes`) and ``inherited`` (the bucket whose off verdict it
-        started with: a smaller one, or its own where each of its domains alone was off); the gate decides per mix, ``gate`` above reads ``per-mix``
-        where they disagree; ``None`` where not measured."""
+        started with: a smaller one, or its own where each of its domains alone was off); the
+        gate decides per mix, ``gate`` above reads ``per-mix`` where they disagree; ``None``
+        where not measured."""
         with self._lock:
             return self.controller.step_stats()
 
