@@ -82,15 +82,8 @@ _SPEC_SERIES = ("accel_spec_drafted_tokens_total", "accel_spec_accepted_tokens_t
                 "accel_spec_alpha", "accel_spec_cost_ratio", "accel_spec_expected_speedup")
 
 
-#: seconds between two reads of the proposer's per-domain statistics (its controller's
-#: readings: about 0.2 ms of host time each for seven entries on a 2-core CPU)
-STATS_EVERY_S = 1.0
-
-
 class SpeculationMetrics:
-    """Per-domain counters and the controller's state, recorded after each proposer call
-    (the per-domain series at most every :data:`STATS_EVERY_S` seconds; the proposer's
-    call count and time at every call).
+    """Per-domain counters and the controller's state, recorded after each proposer call.
 
     ``record`` takes a framework-neutral proposer
     (:class:`accel_plugin.speculative.DomainProposer`: ``stats()``, ``num_steps``,
@@ -104,7 +97,6 @@ class SpeculationMetrics:
         self.propose_seconds = 0.0
         self.steps = 0
         self._by_domain: dict[str, list] = {}
-        self._stats_at: float | None = None  #: when the per-domain statistics were read last
 
     def _domain_series(self, domain: str) -> list:
         found = self._by_domain.get(domain)
@@ -116,15 +108,14 @@ class SpeculationMetrics:
         return found
 
     def record(self, proposer: Any) -> None:
+        stats = proposer.stats()
         self.last_propose_seconds = proposer.propose_seconds - self.propose_seconds if self.steps else None
         self.propose_seconds, self.steps = proposer.propose_seconds, proposer.num_steps
-        now = self.live.clock()
-        fresh = self._stats_at is None or now - self._stats_at >= STATS_EVERY_S
-        if fresh:
-            self.last_stats, self._stats_at = proposer.stats(), now
+        self.last_stats = stats
         sink = self.live.sink
         if sink is not None:
-            for domain, s in (self.last_stats if fresh else {}).items():
+            now = self.live.clock()
+            for domain, s in stats.items():
                 *series, states = self._domain_series(domain)
                 values = (s.drafted, s.accepted, s.steps, s.acceptance_rate, s.mean_acceptance_length, s.k,
                           1 if s.state in DRAFTING_STATES else 0, s.alpha, s.cost_ratio, s.expected_speedup)
