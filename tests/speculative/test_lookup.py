@@ -201,3 +201,28 @@ def test_draft_and_lookup_rows_draft_with_lookup_on_a_match_else_the_draft(make_
         assert (s.steps, s.drafted, s.accepted) == expected.get(entry, (0, 0, 0)), entry
     # the draft is the target: all its drafts are accepted (so acceptance was not mixed up)
     assert stats["support"].accepted == stats["support"].drafted > 0
+
+
+def test_an_off_lookup_entry_beside_a_draft_still_probes(make_config, tokenizer, target, target_dir):
+    """Rows whose lookup entry is off draft with the draft model; the lookup entry's steps
+    still count towards its probe, or it could never be measured, and switched on, again."""
+    from accel_plugin.speculative import DomainProposer
+    from accel_plugin.speculative.controller import DomainState, _Choice
+
+    v = _verifier()
+    proposer = DomainProposer(make_config(f"""
+        num_speculative_tokens: 3
+        domains:
+          support:
+            draft: {target_dir}
+            lookup: {{min: 1, max: 2}}
+            match: {{keywords: [rewrite]}}
+        controller: {{probe_interval: 2, step_gate: false, min_acceptance: 1.0}}
+    """), lambda ids: tokenizer.decode(ids, skip_special_tokens=True), max_len=v.MAX_LEN)
+    proposer.controller._domains["support/lookup"].choices[1] = _Choice(DomainState.OFF, 0)
+    requests = [v.Request(tokenizer(REPEAT[0]).input_ids, 24, "support")]
+    v.serve(proposer, target, requests)
+    v.assert_lossless(target, requests)
+    stats = proposer.stats()
+    assert stats["support/lookup"].drafted > 0, stats["support/lookup"]  # its probes
+    assert stats["support"].drafted > 0  # the draft serves the other steps
