@@ -68,6 +68,14 @@ def median(values: Iterable[float]) -> float | None:
     return ordered[len(ordered) // 2] if ordered else None
 
 
+def measured_speedup(samples: Iterable[tuple[float, float]]) -> float | None:
+    """Mean token gain times median time ratio of ``(gain, time ratio)`` samples (None: none).
+    A median of their products takes one of a few values at batch 1 (``accepted + 1`` times
+    the ratio): where more than half the steps accept nothing, that of a step that accepted none."""
+    pairs = list(samples)
+    return sum(g for g, _ in pairs) / len(pairs) * median(t for _, t in pairs) if pairs else None
+
+
 def _weighted_median(samples: Iterable[tuple[float, float]]) -> float | None:
     """Median of ``(value, weight)`` samples: the value at half the total weight."""
     ordered = sorted(samples)

@@ -14,18 +14,18 @@ pays and another loses (a support batch against a code batch of the same size)
 gets one verdict per mix, not their pooled median. The readings
 (:meth:`StepGate.stats`) are per bucket, with each mix's verdict under ``mixes``.
 
-**Samples.** At each key a drafting cycle is
-paired with the nearest plain cycle of the same number of rows at most
-:data:`ADJACENT` timed cycles away (calibration steps and the controller's own
-plain steps make them): one sample of the measured step speedup, ``(tokens/s of the
-drafting cycle) / (tokens/s of the plain one)``. Same rows, so that both cycles did
-the same work but for drafting; moments apart, so that a slow spell of a shared
-machine slows both.
+**Samples.** At each key a drafting cycle is paired with the nearest plain cycle of the
+same number of rows at most :data:`ADJACENT` timed cycles away (calibration steps and the
+controller's own plain steps make them): one sample, its token gain (the drafting cycle's
+tokens over the plain one's) and time ratio (the plain one's seconds over the drafting
+one's). Same rows, so that both did the same work but for drafting; moments apart, so
+that a slow spell of a shared machine slows both. The measured speedup is the samples'
+mean gain times their median time ratio (:func:`.costs.measured_speedup`).
 
 **Whole batches.** A batch that starts together and that no row joins pays for
 drafting in its tail too (rows that drafted finish unevenly): :mod:`.episodes`
 measures each such batch's *tail factor* (kept at each key of its first bucket), and
-the gate reads a key's cycle median times the median of its last 4 factors; a key with
+the gate reads a key's measured speedup times the median of its last 4 factors; a key with
 none borrows the median of its bucket's other keys' factors (a new mix of a bucket whose
 whole batches lose starts judged by them), 1 where the bucket has none. A whole batch
 that mostly drafted also gives its *whole speedup* (plain's time for its tokens over
@@ -34,28 +34,26 @@ one below ``min_speedup`` switches its on keys off at once (cycle samples are fe
 noisy where the calibration steps that pair them are rare: support at batch 8 read
 1.19x by its cycles times 0.88 for its tail, and its whole batches ran at 0.93x).
 
-**Gate.** Per key: ``warmup`` until ``gate_min_samples`` samples, then ``on`` or
-``off`` by the median of the last ``gate_window`` (times the tail factor): on goes off below
+**Gate.** Per key: ``warmup`` until ``gate_min_samples`` samples, then ``on`` or ``off`` by
+the measured speedup of the last ``gate_window`` (times the tail factor): on goes off below
 ``min_speedup``, off goes on at ``min_speedup * (1 + hysteresis)``, either after
-``gate_switch_after`` consecutive samples that ask for it (a switch keeps only the
-last ``gate_min_samples`` samples, so the next verdict reads the new regime). A new
-key starts ``off`` where the nearest smaller bucket with a verdict for its mix is off
-(a verified draft token per row costs more as the batch grows: no warm-up of drafting
-steps to find that out again), or, with no such bucket, where its mix has several
-domains and each of them alone is off at its bucket (a step that drafts for several
-domains pays for several drafts); its own first ``gate_min_samples`` samples, from its
-probes, then decide as a warm-up's would. At an
-off key no row drafts, except a probe after :func:`probe_interval` steps
-(``gate_probe_interval`` times the bucket, at most 8): two drafting
-steps, the first to let the drafts catch up on the plain steps' tokens (not
-paired), the second measured against its plain neighbours. The catch-up is a draft
-forward over every token the rows took meanwhile (at batch 8 about a plain step), so
-each probe that leaves the key off doubles the interval to the next, up to
-:data:`MAX_BACKOFF` doublings (at batch 1, 16 steps then 32 then 64: probes every 16
-steps cost a lone general request about 6%). A whole batch's switch (its speedup, or a tail factor
-that brings an on key below ``min_speedup`` where its cycles alone are above) starts
-at :data:`MAX_BACKOFF` doublings (a whole batch is stronger evidence than a cycle);
-any other switch resets the interval.
+``gate_switch_after`` consecutive samples that ask for it (a switch keeps only the last
+``gate_min_samples`` samples, so the next verdict reads the new regime). A new key starts
+``off`` where the nearest smaller bucket with a verdict for its mix is off (a verified draft
+token per row costs more as the batch grows: no warm-up of drafting steps to find that out
+again), or, with no such bucket, where its mix has several domains and each of them alone
+is off at its bucket (a step that drafts for several domains pays for several drafts); its
+own first ``gate_min_samples`` samples, from its probes, then decide as a warm-up's would.
+At an off key no row drafts, except a probe after :func:`probe_interval` steps
+(``gate_probe_interval`` times the bucket, at most 8): two drafting steps, the first to let
+the drafts catch up on the plain steps' tokens (not paired), the second measured against
+its plain neighbours. The catch-up is a draft forward over every token the rows took
+meanwhile (at batch 8 about a plain step), so each probe that leaves the key off doubles
+the interval to the next, up to :data:`MAX_BACKOFF` doublings (at batch 1, 16 steps then
+32 then 64: probes every 16 steps cost a lone general request about 6%). A whole batch's
+switch (its speedup, or a tail factor that brings an on key below ``min_speedup`` where its
+cycles alone are above) starts at :data:`MAX_BACKOFF` doublings (a whole batch is stronger
+evidence than a cycle); any other switch resets the interval.
 
 The step model (:func:`.step_model.plan_step`) predicts; this gate measures.
 """
@@ -66,7 +64,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .costs import median, nearest
+from .costs import measured_speedup, median, nearest
 from .draft_config.schema import ControllerConfig
 from .episodes import Episodes
 
@@ -119,7 +117,7 @@ class _Bucket:
     backoff: int = 0  #: doublings of the probe interval (MAX_BACKOFF after a whole batch's switch)
     factors: deque = field(default_factory=lambda: deque(maxlen=_FACTORS))  #: tail factors (episodes)
     whole: deque = field(default_factory=lambda: deque(maxlen=_FACTORS))  #: whole speedups (drafting episodes)
-    last: dict = field(default_factory=dict)  #: drafting?: (tokens/s, rows, cycle index)
+    last: dict = field(default_factory=dict)  #: drafting?: (tokens, seconds, rows, cycle index)
     #: the bucket whose off verdict this key started with: a smaller one of its mix, or its own
     #: (each domain of its mix off alone there)
     inherited: int | None = None
@@ -154,9 +152,8 @@ class StepGate:
         return self._buckets[key]
 
     def _new_key(self, key: GateKey) -> _Bucket:
-        """A key seen for the first time: ``off`` (probes as ever) where the nearest smaller
-        bucket with a verdict for the same mix is off, or, with none, where its mix has
-        several domains and each of them alone is off at this bucket; else warm-up."""
+        """A new key: ``off`` (probes as ever) where the nearest smaller bucket with a verdict for
+        its mix is off, or, with none, where each domain of its mix (several) is off alone there."""
         at = self._at(key)
         bucket, mix = key
         smaller = [(b, other) for (b, m), other in self._buckets.items()
@@ -197,12 +194,12 @@ class StepGate:
         (at.draft_cycles if drafting else at.plain_cycles).append(seconds)
         if drafting and current is not None and current == (key, True):
             return  # a probe's catch-up step: the drafts ran the plain steps' tokens too
-        rate = tokens / seconds
-        at.last[drafting] = (rate, rows, self._index)
+        at.last[drafting] = (tokens, seconds, rows, self._index)
         other = at.last.get(not drafting)
-        if other is None or other[1] != rows or self._index - other[2] > ADJACENT:
+        if other is None or other[2] != rows or self._index - other[3] > ADJACENT:
             return
-        self._add_sample(at, rate / other[0] if drafting else other[0] / rate)
+        d, p = (at.last[True], other) if drafting else (other, at.last[False])
+        self._add_sample(at, (d[0] / p[0], p[1] / d[1]))  # (token gain, time ratio)
 
     def record_rows(self, tokens: dict, joined: int) -> None:
         """This call's decoding rows (an id each -> tokens received), ``joined`` of them new
@@ -251,7 +248,7 @@ class StepGate:
     def record_prediction(self, bucket: int, speedup: float) -> None:
         self._at(self._key(bucket)).predicted.append(speedup)
 
-    def _add_sample(self, at: _Bucket, sample: float) -> None:
+    def _add_sample(self, at: _Bucket, sample: tuple[float, float]) -> None:
         at.samples.append(sample)
         at.total_samples += 1
         self._judge(at)
@@ -263,7 +260,7 @@ class StepGate:
         cfg = self.cfg
         if len(at.samples) < cfg.gate_min_samples:
             return
-        cycles = median(at.samples)
+        cycles = measured_speedup(at.samples)
         m = cycles * self._factor(at.bucket, at)
         if at_once:
             if at.state == GateState.ON and cycles >= cfg.min_speedup > m:
@@ -367,14 +364,14 @@ class StepGate:
             out[b] = {
                 "gate": states.pop() if len(states) == 1 else ("per-mix" if states else GateState.WARMUP),
                 "predicted_speedup": median(pooled("predicted")),
-                "measured_speedup": median(pooled("samples")),
+                "measured_speedup": measured_speedup(pooled("samples")),
                 "samples": sum(at.total_samples for at in ats),
                 "plain_step_ms": ms(pooled("plain_cycles")),
                 "cycle_ms": ms(pooled("draft_cycles")),
                 "draft_ms": ms(pooled("draft_s")),
                 "host_ms": ms(pooled("host_s")),
                 "steps": sum(at.steps for at in ats),
-                "mixes": {mix_name(mix): {"gate": at.state, "measured_speedup": median(at.samples),
+                "mixes": {mix_name(mix): {"gate": at.state, "measured_speedup": measured_speedup(at.samples),
                                           "samples": at.total_samples, "steps": at.steps,
                                           "tail_factor": median(at.factors),
                                           "whole_speedup": median(at.whole),

@@ -15,7 +15,8 @@ from accel_plugin.speculative import DomainProposer
 from accel_plugin.speculative.controller import DomainController
 from accel_plugin.speculative.domain_stats import DomainState
 from accel_plugin.speculative.draft_config.schema import ControllerConfig
-from accel_plugin.speculative.step_gate import StepGate
+from accel_plugin.speculative.costs import measured_speedup
+from accel_plugin.speculative.step_gate import GateState, StepGate
 from accel_plugin.speculative.step_model import plan_step, step_speedup
 
 
@@ -189,6 +190,21 @@ def test_gate_pairs_only_cycles_of_the_same_rows_and_breaks_on_untimed():
     gate.record_cycle(None, 8, 8, 8, 0)  # a prefill: breaks the pairing
     gate.record_cycle(1.0, 8, 8, 8, 8)
     assert gate.samples(8) == 1 and gate.stats()[8]["measured_speedup"] == 2.0
+
+
+def test_the_measured_speedup_is_the_mean_token_gain_not_the_median_step():
+    """At batch 1 a drafting cycle emits accepted + 1 tokens: where most steps accept nothing
+    and the others accept every draft, drafting pays though the median step loses."""
+    gate = StepGate(ControllerConfig(gate_min_samples=4, gate_window=16))
+    for tokens in (1, 3, 1, 3, 1, 1, 3, 1):  # 5 of 8 steps accept nothing: 1.75 tokens a step
+        gate.record_cycle(1.0, 1, 1, 1, 0)  # plain: 1 token/s
+        gate.record_cycle(1.25, 1, 1, tokens, 2)  # drafting k = 2: 25% slower
+        gate.record_cycle(None, 1, 1, 1, 0)  # untimed: one sample per pair
+    assert gate.samples(1) == 8
+    assert gate.stats()[1]["measured_speedup"] == pytest.approx(1.75 / 1.25)  # median step: 1 / 1.25
+    assert gate.state(1) == GateState.ON
+    assert measured_speedup([]) is None
+    assert measured_speedup([(1.0, 0.5), (2.0, 0.9), (3.0, 0.7)]) == pytest.approx(2.0 * 0.7)
 
 
 def test_config_refuses_a_gate_that_cannot_decide():

@@ -206,7 +206,8 @@ class ControllerConfig(_Strict):
     #: the measured step gate (docs/speculative.md, "The step gate"): per batch size,
     #: tokens/s of drafting cycles against adjacent plain ones; false = per-domain decisions alone
     step_gate: bool = True
-    #: samples of the measured step speedup kept per batch size and domain mix (the gate reads their median)
+    #: samples of the measured step speedup kept per batch size and domain mix (the gate reads their
+    #: mean token gain times their median time ratio)
     gate_window: int = Field(default=16, ge=1)
     #: samples a batch size and domain mix need before the gate gives a verdict there
     gate_min_samples: int = Field(default=4, ge=1)
