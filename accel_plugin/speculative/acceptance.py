@@ -55,3 +55,16 @@ class AcceptanceWindow:
     def per_position(self) -> list[float | None]:
         """Conditional acceptance at each draft position (given all earlier accepted)."""
         return [a / t if t else None for a, t in zip(self.pos_accepted, self.pos_tested)]
+
+    def positions(self, weight: float = 16.0) -> list[float] | None:
+        """Conditional acceptance per position for the speedup model (``None`` without data):
+        each position's accepted / tested, shrunk towards the position before it (the first
+        towards :attr:`alpha`) by ``weight`` pseudo-tests, so that a position tested rarely,
+        or no longer (k was lowered), reads like the one before it."""
+        if not self.tested:
+            return None
+        out, prior = [], self.accepted / self.tested
+        for a, t in zip(self.pos_accepted, self.pos_tested):
+            prior = (a + weight * prior) / (t + weight)
+            out.append(prior)
+        return out

@@ -231,10 +231,10 @@ class DomainController:
             state, k = self._state(d, bucket)
             if not k or d.fixed is not None:
                 continue
-            alpha, c = d.window.alpha, self.cost_ratio(name)
-            if state == DomainState.WARMUP or alpha is None or c is None:
+            rates, c = d.window.positions(), self.cost_ratio(name)  # acceptance per draft position
+            if state == DomainState.WARMUP or rates is None or c is None:
                 return
-            ks[name], alphas[name], costs[name] = k, alpha, c
+            ks[name], alphas[name], costs[name] = k, rates, c
         if not ks:
             return
         host = self.gate.host_fraction(bucket, self.costs.target_step_s(bucket))
@@ -269,13 +269,13 @@ class DomainController:
     def _decide(self, d: _Domain, bucket: int) -> None:
         if d.fixed is not None:
             return
-        alpha, c = d.window.alpha, self.cost_ratio(d.name)
+        alpha, rates, c = d.window.alpha, d.window.positions(), self.cost_ratio(d.name)
         if not d.warm:
             d.warmup_steps += 1
             if alpha is None or len(d.window) < self.cfg.min_samples or c is None or not self._overhead_known(d):
                 return
             d.warm = True
-        speedups = [expected_speedup(alpha, k, c, self.verify_overhead(k) if k else 0.0) for k in range(d.k_max + 1)]
+        speedups = [expected_speedup(rates, k, c, self.verify_overhead(k) if k else 0.0) for k in range(d.k_max + 1)]
         k = max(range(1, d.k_max + 1), key=lambda j: (speedups[j], -j))
         s = speedups[k] if alpha >= self.cfg.min_acceptance else 0.0
         choice = d.choices.setdefault(bucket, _Choice(DomainState.WARMUP, 0))
@@ -356,8 +356,8 @@ class DomainController:
             state, k = self._state(d, b)
             v = self.verify_overhead(max(k, 1))
             c = self.cost_ratio(d.name)
-            alpha = d.window.alpha
-            speedup = None if alpha is None or c is None else expected_speedup(alpha, k, c, v)
+            alpha, rates = d.window.alpha, d.window.positions()
+            speedup = None if alpha is None or c is None else expected_speedup(rates, k, c, v)
             out[d.name] = DomainStats(
                 domain=d.name, draft=d.draft, state=state, k=k, k_max=d.k_max,
                 steps=d.steps, drafted=d.drafted, accepted=d.accepted, alpha=alpha,
@@ -367,11 +367,11 @@ class DomainController:
                 expected_speedup=speedup, error=d.error, bucket=b,
                 cost_ratio_measured=self.measured_cost_ratio(d.name), cost_ratio_size=self.size_cost_ratio(d.name),
                 by_bucket={bk: (ch.state, ch.k) for bk, ch in sorted(d.choices.items())}, switches=d.switches,
-                costs_by_bucket={bk: self._costs_at(d, alpha, bk) for bk in sorted(d.choices)},
+                costs_by_bucket={bk: self._costs_at(d, rates, bk) for bk in sorted(d.choices)},
             )
         return out
 
-    def _costs_at(self, d: _Domain, alpha: float | None, bucket: int) -> dict:
+    def _costs_at(self, d: _Domain, alpha: list[float] | None, bucket: int) -> dict:
         state, k = self._state(d, bucket)
         c = self.costs.cost_ratio(self._draft_of(d.name), bucket)
         v = self.costs.verify_overhead(max(k, 1), bucket)

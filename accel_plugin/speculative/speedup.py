@@ -18,23 +18,35 @@ Used by the controller (:mod:`.controller`) and by the tuning tools
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 __all__ = ["best_k", "expected_speedup", "expected_tokens"]
 
 
-def expected_tokens(alpha: float, k: int) -> float:
-    """Expected tokens per target step, ``(1 - a^(k+1)) / (1 - a)`` (= k + 1 at a = 1)."""
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1]; got {alpha}")
+def expected_tokens(alpha: float | Sequence[float], k: int) -> float:
+    """Expected tokens per target step, ``(1 - a^(k+1)) / (1 - a)`` (= k + 1 at a = 1).
+
+    ``alpha`` may also be the conditional acceptance per draft position (position ``j``
+    accepted given every earlier one was; positions past its end take its last value):
+    ``1 + a_1 + a_1 a_2 + ... + a_1 ... a_k``. Drafts rarely fail independently per
+    position: a prompt-lookup draft that copies its first token right tends to copy
+    the next ones too, so one pooled ``a`` undervalues long drafts."""
     if k < 0:
         raise ValueError(f"k must be >= 0; got {k}")
-    if alpha >= 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+    rates = [alpha] if isinstance(alpha, (int, float)) else list(alpha)
+    if not rates or any(not 0.0 <= a <= 1.0 for a in rates):
+        raise ValueError(f"alpha must be in [0, 1] (or a non-empty sequence of such); got {alpha}")
+    if len(rates) == 1:
+        a = rates[0]
+        return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+    total, run = 1.0, 1.0
+    for j in range(k):
+        run *= rates[min(j, len(rates) - 1)]
+        total += run
+    return total
 
 
-def expected_speedup(alpha: float, k: int, c: float, overhead: float = 0.0) -> float:
+def expected_speedup(alpha: float | Sequence[float], k: int, c: float, overhead: float = 0.0) -> float:
     """``S = (1 - a^(k+1)) / ((1 - a)(k c + 1 + v))`` with ``v = overhead``; 1.0 at k = 0."""
     if c < 0:
         raise ValueError(f"c must be >= 0; got {c}")
@@ -45,7 +57,7 @@ def expected_speedup(alpha: float, k: int, c: float, overhead: float = 0.0) -> f
     return expected_tokens(alpha, k) / (k * c + 1.0 + overhead)
 
 
-def best_k(alpha: float, c: float, k_max: int, min_speedup: float = 1.0,
+def best_k(alpha: float | Sequence[float], c: float, k_max: int, min_speedup: float = 1.0,
            overhead: float | Callable[[int], float] = 0.0) -> tuple[int, float]:
     """``(k, S)`` with the largest ``S`` over ``k`` in ``1..k_max``, or ``(0, 1.0)``
     when none reaches ``min_speedup`` (ties go to the smaller k). ``overhead`` is v,

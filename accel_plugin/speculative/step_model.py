@@ -6,7 +6,8 @@ its rows and every draft model that runs in it::
     S_step = (sum over rows of E(a_row, k_row)) / rows
              / (1 + v(drafts per row) + sum over drafts run of k_d c_d + h)
 
-``E`` is :func:`.speedup.expected_tokens` (1 for a row that drafts nothing), ``k_d``
+``E`` is :func:`.speedup.expected_tokens` (``a_row``: its domain's acceptance per draft
+position; 1 for a row that drafts nothing), ``k_d``
 the most tokens draft ``d`` drafts for a row (its forwards), ``c_d`` its cost ratio
 at this bucket, ``h`` the host time of a drafting ``propose`` call beyond its draft
 forwards and beyond a plain call's, in plain target steps. It keeps the subset of
@@ -16,7 +17,7 @@ domains (and their k) with the largest ``S_step``; none when that is below
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from itertools import combinations
 
 from .speedup import expected_tokens
@@ -27,7 +28,7 @@ __all__ = ["plan_step", "step_speedup"]
 _ENUMERATE = 4
 
 
-def step_speedup(rows: int, plan: dict[str, int], counts: dict[str, int], alphas: dict[str, float],
+def step_speedup(rows: int, plan: dict[str, int], counts: dict[str, int], alphas: dict[str, float | Sequence[float]],
                  costs: dict[str, float], draft_of: dict[str, str], verify: Callable[[float], float],
                  host: float) -> float:
     """``S_step`` (module docstring) of drafting ``plan[d]`` tokens for the ``counts[d]``
@@ -47,7 +48,7 @@ def step_speedup(rows: int, plan: dict[str, int], counts: dict[str, int], alphas
     return tokens / rows / cost
 
 
-def plan_step(rows: int, ks: dict[str, int], counts: dict[str, int], alphas: dict[str, float],
+def plan_step(rows: int, ks: dict[str, int], counts: dict[str, int], alphas: dict[str, float | Sequence[float]],
               costs: dict[str, float], draft_of: dict[str, str], verify: Callable[[float], float],
               host: float, k_max: dict[str, int]) -> tuple[dict[str, int], float]:
     """The plan (domain -> k, 0 = dropped) among the domains of ``ks`` (their

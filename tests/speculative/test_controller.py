@@ -39,6 +39,38 @@ def test_known_values():
     assert expected_speedup(0.5, 0, 0.3) == 1.0
 
 
+@given(st.floats(0, 1), st.integers(0, 8), st.integers(1, 6))
+def test_per_position_acceptance_equal_everywhere_is_the_closed_form(alpha, k, length):
+    assert expected_tokens([alpha] * length, k) == pytest.approx(expected_tokens(alpha, k), rel=1e-9)
+
+
+def test_per_position_acceptance_values_long_drafts_that_copy():
+    # the first position half the time, every later one given it: all accepted
+    assert expected_tokens([0.5, 1.0], 4) == pytest.approx(1 + 0.5 * 4)
+    assert expected_tokens([0.5, 0.8, 0.2], 3) == pytest.approx(1 + 0.5 + 0.4 + 0.08)
+    # one pooled alpha (accepted / tested = 2 / 3 for such a draft at k = 4) undervalues it
+    assert expected_tokens(2 / 3, 4) < expected_tokens([0.5, 1.0], 4)
+    with pytest.raises(ValueError, match="alpha"):
+        expected_tokens([0.5, 1.2], 2)
+    with pytest.raises(ValueError, match="alpha"):
+        expected_tokens([], 2)
+
+
+def test_window_positions_shrink_towards_the_position_before():
+    w = AcceptanceWindow(size=100, k_max=3)
+    assert w.positions() is None
+    for _ in range(16):
+        w.add(2, 2)  # positions 1 and 2 always accepted; 3 never drafted
+    assert w.alpha == 1.0 and w.positions() == [1.0, 1.0, 1.0]
+    for _ in range(16):
+        w.add(2, 0)  # now position 1 half the time
+    a = w.alpha
+    a1 = (16 + 16 * a) / (32 + 16)
+    a2 = (16 + 16 * a1) / (16 + 16)
+    assert w.positions() == pytest.approx([a1, a2, a2])  # untested: like the one before
+    assert w.positions(weight=1e12) == pytest.approx([a] * 3)  # infinite weight: the pooled alpha
+
+
 def test_invalid_arguments():
     with pytest.raises(ValueError, match="alpha"):
         expected_tokens(1.5, 2)
@@ -169,7 +201,12 @@ def test_warmup_then_choice_follows_formula():
     feed(ctl, "a", 4, 2)  # tested 3, accepted 2 -> alpha = 2/3
     ctl.step()
     alpha = 2 / 3
-    expect_k, _ = best_k(alpha, 0.1, 4)
+    # per position: 1, 1, 0 and untested, each shrunk towards the one before (the first towards alpha)
+    a1 = (10 + 16 * alpha) / 26
+    a2 = (10 + 16 * a1) / 26
+    a3 = (0 + 16 * a2) / 26
+    expect_k, _ = best_k([a1, a2, a3, a3], 0.1, 4)
+    assert expect_k == 3 and best_k(alpha, 0.1, 4)[0] == 4  # where one pooled alpha would draft 4
     assert ctl.k_for("a") == expect_k
     s = ctl.stats()["a"]
     assert s.state == DomainState.ON and s.alpha == pytest.approx(alpha) and s.cost_ratio == pytest.approx(0.1)

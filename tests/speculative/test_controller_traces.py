@@ -252,17 +252,19 @@ def test_k_is_chosen_per_batch_size():
 @pytest.mark.parametrize("hysteresis, switch_after, most", [(0.05, 8, 4), (0.0, 1, None)])
 def test_break_even_acceptance_does_not_flap(hysteresis, switch_after, most):
     """Acceptance at break-even (S = 1 at k = 1 with the true costs): the estimate
-    wanders either side of it. With hysteresis the state changes a few times at most."""
+    wanders either side of it. With hysteresis the state changes a few times at most
+    (median over six seeded runs; one run's count is itself noisy)."""
     machine = Machine(spells=BUSY)
     alpha = machine.true_c(1) + machine.true_u(1)  # k = 1: S = (1 + a) / (1 + c + v) = 1
-    # probes every other step keep the estimate moving while the domain is off
-    ctl = controller(hysteresis=hysteresis, switch_after=switch_after, probe_interval=2)
-    trace = replay(ctl, machine, [(6000, ["edge"])], {"edge": alpha}, seed=3)
-    switches = trace.switches("edge", 1)
+    counts = []
+    for seed in range(3, 9):
+        # probes every other step keep the estimate moving while the domain is off
+        ctl = controller(hysteresis=hysteresis, switch_after=switch_after, probe_interval=2)
+        counts.append(replay(ctl, machine, [(6000, ["edge"])], {"edge": alpha}, seed=seed).switches("edge", 1))
     if most is None:
-        assert switches > 20  # without it: a switch every few hundred steps
+        assert min(counts) > 20, counts  # without it: a switch every few hundred steps
     else:
-        assert switches <= most
+        assert sorted(counts)[len(counts) // 2] <= most and max(counts) <= 2 * most, counts
 
 
 def test_a_replay_is_deterministic():
