@@ -36,7 +36,7 @@ Per step, the step model (:func:`.step_model.plan_step`, given every row's domai
 drops domains whose drafting costs the step more than its rows gain; the measured
 step gate (:class:`.step_gate.StepGate`) wins over all: at a bucket and domain mix
 it switched off, no row drafts but its probes. Calibration steps come every other step until a
-bucket has ``gate_min_samples`` samples, every 8th until ``gate_window``.
+bucket has ``gate_min_samples`` samples, every 8th until ``gate_window`` (unless it is settled).
 """
 
 from __future__ import annotations
@@ -257,7 +257,7 @@ class DomainController:
             samples = self.gate.samples(bucket, self._mix)
             if samples < self.cfg.gate_min_samples and cycles < _GATE_EARLY_CYCLES[0]:
                 interval = min(interval, _EARLY_CALIBRATION)
-            elif samples < self.cfg.gate_window:
+            elif samples < self.cfg.gate_window and not self.gate.settled(bucket, self._mix):
                 interval = min(interval, _GATE_CALIBRATION)
         return self.costs.steps_since_plain(bucket) >= interval - 1
 

@@ -1,11 +1,10 @@
 """The step's verdict: measured whole cycles per batch bucket and domain mix.
 
-**Cycles.** A cycle runs from the start of one ``propose`` call to the start of the
-next: that call's drafting and host work, the framework's target step that
-verifies its drafts, and the framework's own host work. It emitted the tokens the
-next call receives (the sum of ``len(sampled_token_ids[i])``). A cycle is a
-*drafting* one when its call proposed any draft, else *plain*; cycles after a
-prefill or an idle engine are not timed (and break the pairing).
+**Cycles.** A cycle runs from the start of one ``propose`` call to the start of the next:
+that call's drafting and host work, the framework's target step that verifies its drafts,
+and the framework's own host work; it emitted the tokens the next call receives. It is a
+*drafting* cycle when its call proposed any draft, else *plain*; cycles after a prefill
+or an idle engine are not timed (and break the pairing).
 
 **Keys.** Cycles, samples and the verdict are kept per *key*: the step's batch
 bucket (:func:`.costs.batch_bucket`) and its *domain mix*, the set of entries
@@ -22,17 +21,17 @@ one's). Same rows, so that both did the same work but for drafting; moments apar
 that a slow spell of a shared machine slows both. The measured speedup is the samples'
 mean gain times their median time ratio (:func:`.costs.measured_speedup`).
 
-**Whole batches.** A batch that starts together and that no row joins pays for
-drafting in its tail too (rows that drafted finish unevenly): :mod:`.episodes`
-measures each such batch's *tail factor* (kept at each key of its first bucket), and
-the gate reads a key's measured speedup times the median of its last 4 factors; a key with
-none borrows the median of its bucket's other keys' factors (a new mix of a bucket whose
-whole batches lose starts judged by them), 1 where the bucket has none. A whole batch
-that mostly drafted also gives its *whole speedup* (plain's time for its tokens over
-its measured time, everything included: the draft's prefill, catch-ups, the tail);
-one below ``min_speedup`` switches its on keys off at once (cycle samples are few and
-noisy where the calibration steps that pair them are rare: support at batch 8 read
-1.19x by its cycles times 0.88 for its tail, and its whole batches ran at 0.93x).
+**Whole batches.** A batch that starts together and that no row joins pays for drafting
+in its tail too (rows that drafted finish unevenly): :mod:`.episodes` measures each such
+batch's *tail factor* (kept at each key of its first bucket), and the gate reads a key's
+measured speedup times the median of its last 4 factors; a key with none borrows the
+median of its bucket's other keys' factors (a new mix of a bucket whose whole batches lose
+starts judged by them), 1 where the bucket has none. A whole batch that mostly drafted
+also gives its *whole speedup* (plain's time for its tokens over its measured time,
+everything included: the draft's prefill, catch-ups, the tail); one below ``min_speedup``
+switches its on keys off at once (cycle samples are few and noisy where the calibration
+steps that pair them are rare: support at batch 8 read 1.19x by its cycles times 0.88 for
+its tail, and its whole batches ran at 0.93x).
 
 **Gate.** Per key: ``warmup`` until ``gate_min_samples`` samples, then ``on`` or ``off`` by
 the measured speedup of the last ``gate_window`` (times the tail factor): on goes off below
@@ -68,7 +67,7 @@ from .costs import measured_speedup, median, nearest
 from .draft_config.schema import ControllerConfig
 from .episodes import Episodes
 
-__all__ = ["ADJACENT", "MAX_BACKOFF", "GateKey", "GateState", "StepGate", "mix_name", "probe_interval"]
+__all__ = ["ADJACENT", "MAX_BACKOFF", "SETTLED", "GateKey", "GateState", "StepGate", "mix_name", "probe_interval"]
 
 #: a drafting and a plain cycle pair when at most this many timed cycles apart
 ADJACENT = 3
@@ -78,6 +77,8 @@ _KEPT = 64
 MAX_BACKOFF = 2
 #: tail factors of whole batches kept per key
 _FACTORS = 4
+#: an on key measuring this many times ``min_speedup`` needs no early calibration steps
+SETTLED = 1.25
 
 
 def probe_interval(base: int, bucket: int, backoff: int) -> int:
@@ -225,9 +226,8 @@ class StepGate:
                 self._judge(other, at_once=True)
 
     def factor(self, key: GateKey) -> float:
-        """The tail factor the gate applies at ``key``: the median of its own last whole
-        batches'; for a key with none, the median of those of its bucket's other mixes
-        (the tail is the batch's, whichever domains drafted); 1 where the bucket has none."""
+        """The tail factor at ``key``: the median of its last whole batches'; with none, that of its
+        bucket's other mixes (the tail is the batch's, whichever domains drafted); else 1."""
         return self._factor(key[0], self._buckets.get(key))
 
     def _factor(self, bucket: int, at: _Bucket | None) -> float:
@@ -254,9 +254,8 @@ class StepGate:
         self._judge(at)
 
     def _judge(self, at: _Bucket, at_once: bool = False) -> None:
-        """Re-read the verdict from the samples times the tail factor. ``at_once``: a tail
-        factor arrived; it switches an on key off without waiting only where the cycles
-        alone would keep it on (else the samples decide, as ever)."""
+        """Re-read the verdict from the samples times the tail factor. ``at_once``: a tail factor
+        arrived; it switches an on key off at once only where the cycles alone keep it on."""
         cfg = self.cfg
         if len(at.samples) < cfg.gate_min_samples:
             return
@@ -318,17 +317,23 @@ class StepGate:
         return GateState.WARMUP if at is None else at.state
 
     def samples(self, bucket: int, mix: Iterable[str] | None = None) -> int:
-        """Samples of the measured step speedup at ``bucket`` so far (all, not only the
-        window), for ``mix`` (``None``: every mix)."""
+        """Samples at ``bucket`` so far (not only the window), for ``mix`` (``None``: every mix)."""
         return sum(at.total_samples for at in self._of(bucket, mix))
+
+    def settled(self, bucket: int, mix: Iterable[str]) -> bool:
+        """On, with ``gate_min_samples`` samples measuring (tail factor included) :data:`SETTLED`
+        times ``min_speedup`` or more: the controller's early calibration steps stop there."""
+        at = self._buckets.get((bucket, frozenset(mix)))
+        if at is None or at.state != GateState.ON or len(at.samples) < self.cfg.gate_min_samples:
+            return False
+        return measured_speedup(at.samples) * self._factor(bucket, at) >= SETTLED * self.cfg.min_speedup
 
     def timed_cycles(self, bucket: int, mix: Iterable[str] | None = None) -> int:
         return sum(at.cycles for at in self._of(bucket, mix))
 
     def _of(self, bucket: int, mix: Iterable[str] | None) -> list[_Bucket]:
         if mix is not None:
-            at = self._buckets.get((bucket, frozenset(mix)))
-            return [] if at is None else [at]
+            return [at for at in (self._buckets.get((bucket, frozenset(mix))),) if at is not None]
         return [at for (b, _), at in self._buckets.items() if b == bucket]
 
     def host_fraction(self, bucket: int, plain_step_s: float | None) -> float:

@@ -16,7 +16,7 @@ from accel_plugin.speculative.controller import DomainController
 from accel_plugin.speculative.domain_stats import DomainState
 from accel_plugin.speculative.draft_config.schema import ControllerConfig
 from accel_plugin.speculative.costs import measured_speedup
-from accel_plugin.speculative.step_gate import GateState, StepGate
+from accel_plugin.speculative.step_gate import SETTLED, GateState, StepGate
 from accel_plugin.speculative.step_model import plan_step, step_speedup
 
 
@@ -179,6 +179,21 @@ def test_probes_reopen_a_bucket_when_drafting_gets_cheap():
     ks = drive(ctl, target, ["good"] * 8, {"good": 0.5}, 1000, ONE, seed=1)
     assert ctl.step_stats()[8]["gate"] == "on"
     assert drafting_share(ks[800:], "good") > 0.8
+
+
+def test_early_calibration_stops_where_the_gate_is_settled():
+    """Early calibration steps (plain, to pair with drafting ones: one in 8 until a key has
+    gate_window samples) stop where the key is on well above break-even: a request of a
+    domain that doubles the speed should not run one step in 8 without drafts to confirm it."""
+    ctl = controller(ONE)
+    ks = drive(ctl, Target(draft_s={"/d/good": 0.005}), ["good"], {"good": 0.8}, 64, ONE)
+    assert ctl.gate.settled(1, {"good"}) and ctl.gate.samples(1, {"good"}) < ctl.cfg.gate_window
+    assert [i for i, k in enumerate(ks) if not k["good"]] == [1, 3]  # the first samples only
+    # a key near break-even is not settled: its calibration goes on
+    ctl = controller(ONE)
+    ks = drive(ctl, Target(draft_s={"/d/good": 0.02}), ["good"], {"good": 0.5}, 200, ONE)
+    assert ctl.step_stats()[1]["gate"] == "on" and not ctl.gate.settled(1, {"good"})
+    assert ctl.step_stats()[1]["measured_speedup"] < ctl.cfg.min_speedup * SETTLED
 
 
 def test_gate_pairs_only_cycles_of_the_same_rows_and_breaks_on_untimed():
