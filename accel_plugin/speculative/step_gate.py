@@ -153,16 +153,16 @@ class StepGate:
         return self._buckets[key]
 
     def _new_key(self, key: GateKey) -> _Bucket:
-        """A new key: ``off`` (probes as ever) where the nearest smaller bucket with a verdict for
-        its mix is off, or, with none, where each domain of its mix (several) is off alone there."""
+        """A new key: ``off`` where the nearest smaller bucket with a verdict for its mix is off (its
+        probes backed off at once), or, with none, where each domain of its mix is off alone there."""
         at = self._at(key)
         bucket, mix = key
         smaller = [(b, other) for (b, m), other in self._buckets.items()
                    if m == mix and b < bucket and other.state != GateState.WARMUP]
         if smaller:
             b, other = max(smaller, key=lambda item: item[0])
-            if other.state == GateState.OFF:
-                at.state, at.inherited = GateState.OFF, b
+            if other.state == GateState.OFF:  # a probe drafts for every row: at 64 rows about 3 plain steps
+                at.state, at.inherited, at.backoff = GateState.OFF, b, MAX_BACKOFF
         elif len(mix) > 1:
             alone = [self._buckets.get((bucket, frozenset({m}))) for m in mix]
             if all(one is not None and one.state == GateState.OFF for one in alone):

@@ -268,13 +268,14 @@ def test_a_larger_batch_starts_off_where_a_smaller_one_of_the_same_mix_lost():
     # drafting loses at batch 4 by the measured cycles (the formula says on: c clamped by the
     # size band); batch 8 of the same domain starts from that verdict, without a warm-up of
     # drafting steps, and its own samples (from probes) decide once it has gate_min_samples
-    ctl = controller(ONE, gate_probe_interval=4)  # probes after 4 x 8 = 32 steps at batch 8
+    # probes after 4 x 8 = 32 steps at batch 8, backed off twice at once: 128 steps
+    ctl = controller(ONE, gate_probe_interval=4)
     ctl.set_target_bytes(100)
     ctl.set_draft_bytes("/d/good", 1)
     target = Target(draft_s={"/d/good": 0.06})
     drive(ctl, target, ["good"] * 4, {"good": 0.5}, 200, ONE)
     assert ctl.step_stats()[4]["gate"] == "off"
-    ks = drive(ctl, target, ["good"] * 8, {"good": 0.5}, 31, ONE, seed=1)
+    ks = drive(ctl, target, ["good"] * 8, {"good": 0.5}, 127, ONE, seed=1)
     assert drafting_share(ks, "good") == 0  # no warm-up at batch 8: off until its first probe
     mix = ctl.step_stats()[8]["mixes"]["good"]
     assert mix["gate"] == "off" and mix["inherited"] == 4
