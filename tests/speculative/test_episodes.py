@@ -177,8 +177,8 @@ def test_a_tail_factor_switches_an_on_key_off_at_once_and_reads_in_its_verdict()
 
 
 def test_an_off_key_probes_after_the_interval_times_its_bucket_doubling_while_it_stays_off():
-    g = gate(gate_probe_interval=4)
     for bucket in (1, 8, 32):
+        g = gate(gate_probe_interval=4)  # one gate per bucket: a key off at a smaller one starts backed off
         key = (bucket, frozenset({"d"}))
         on_at(g, key, 0.5, samples=2)
         assert g.state(*key) == "off"
