@@ -64,8 +64,8 @@ METRICS: dict[str, MetricDef] = {m.name: m for m in (
     _c("accel_spec_draft_steps_total", "(request, step) pairs that drafted and were verified, per domain.",
        SPEC_LABELS),
     _g("accel_spec_acceptance_rate", "Accepted / drafted tokens since start (vLLM's definition).", SPEC_LABELS),
-    _g("accel_spec_alpha", "Per-position acceptance over the controller's window (the a of its speedup "
-       "model); absent until measured.", SPEC_LABELS),
+    _g("accel_spec_alpha", "Per-position acceptance over the controller's window, pooled over the draft "
+       "positions; absent until measured.", SPEC_LABELS),
     _g("accel_spec_mean_acceptance_length", "1 + accepted tokens / drafting steps since start.", SPEC_LABELS),
     _g("accel_spec_k", "Draft tokens per request the controller chooses now (batch bucket of the last step).",
        SPEC_LABELS),

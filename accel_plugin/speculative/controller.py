@@ -371,11 +371,11 @@ class DomainController:
             )
         return out
 
-    def _costs_at(self, d: _Domain, alpha: list[float] | None, bucket: int) -> dict:
+    def _costs_at(self, d: _Domain, rates: list[float] | None, bucket: int) -> dict:
         state, k = self._state(d, bucket)
         c = self.costs.cost_ratio(self._draft_of(d.name), bucket)
         v = self.costs.verify_overhead(max(k, 1), bucket)
-        speedup = None if alpha is None or c is None else expected_speedup(alpha, k, c, v)
+        speedup = None if rates is None or c is None else expected_speedup(rates, k, c, v)
         return {"state": state, "k": k, "c": c, "v": v, "expected_speedup": speedup}
 
     def step_stats(self) -> dict[int, dict]:
