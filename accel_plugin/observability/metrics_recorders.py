@@ -86,7 +86,7 @@ class SpeculationMetrics:
     """Per-domain counters and the controller's state, recorded after each proposer call.
 
     ``record`` takes a framework-neutral proposer
-    (:class:`accel_plugin.speculative.DomainProposer`: ``stats()``, ``num_steps``,
+    (:class:`accel_plugin.speculative.DomainProposer`: ``stats(by_bucket=False)``, ``num_steps``,
     ``propose_seconds``).
     """
 
@@ -108,7 +108,7 @@ class SpeculationMetrics:
         return found
 
     def record(self, proposer: Any) -> None:
-        stats = proposer.stats()
+        stats = proposer.stats(by_bucket=False)  # after every step: not the per-bucket table
         self.last_propose_seconds = proposer.propose_seconds - self.propose_seconds if self.steps else None
         self.propose_seconds, self.steps = proposer.propose_seconds, proposer.num_steps
         self.last_stats = stats

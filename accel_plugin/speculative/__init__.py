@@ -40,6 +40,7 @@ _LAZY = {
     "best_k": "speedup",
     "expected_speedup": "speedup",
     "expected_tokens": "speedup",
+    "speedup_curve": "speedup",
 }
 
 __all__ = sorted(_LAZY)

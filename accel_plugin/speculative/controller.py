@@ -52,7 +52,7 @@ from .costs import MIN_PAIRS, StepCosts, batch_bucket, nearest
 from .domain_stats import DomainState, DomainStats
 from .draft_config.schema import ControllerConfig
 from .lookup import entry_domain
-from .speedup import best_k, expected_speedup, expected_tokens
+from .speedup import best_k, expected_speedup, expected_tokens, speedup_curve
 from .step_gate import GateState, StepGate
 from .step_model import plan_step
 
@@ -275,7 +275,7 @@ class DomainController:
             if alpha is None or len(d.window) < self.cfg.min_samples or c is None or not self._overhead_known(d):
                 return
             d.warm = True
-        speedups = [expected_speedup(rates, k, c, self.verify_overhead(k) if k else 0.0) for k in range(d.k_max + 1)]
+        speedups = speedup_curve(rates, d.k_max, c, self.verify_overhead)
         k = max(range(1, d.k_max + 1), key=lambda j: (speedups[j], -j))
         s = speedups[k] if alpha >= self.cfg.min_acceptance else 0.0
         choice = d.choices.setdefault(bucket, _Choice(DomainState.WARMUP, 0))
@@ -349,7 +349,7 @@ class DomainController:
 
     # ------------------------------------------------------------------- reading
 
-    def stats(self) -> dict[str, DomainStats]:
+    def stats(self, *, by_bucket: bool = True) -> dict[str, DomainStats]:
         out = {}
         b = self._bucket
         for d in self._domains.values():
@@ -367,7 +367,7 @@ class DomainController:
                 expected_speedup=speedup, error=d.error, bucket=b,
                 cost_ratio_measured=self.measured_cost_ratio(d.name), cost_ratio_size=self.size_cost_ratio(d.name),
                 by_bucket={bk: (ch.state, ch.k) for bk, ch in sorted(d.choices.items())}, switches=d.switches,
-                costs_by_bucket={bk: self._costs_at(d, rates, bk) for bk in sorted(d.choices)},
+                costs_by_bucket={bk: self._costs_at(d, rates, bk) for bk in sorted(d.choices)} if by_bucket else {},
             )
         return out
 

@@ -129,6 +129,7 @@ class StepCosts:
         it the draft serves)."""
         self._pending[draft] = seconds_per_forward
         self._draft_times.setdefault(draft, deque(maxlen=_TIMES_KEPT)).append(seconds_per_forward)
+        self._memo.pop(("forward", draft), None)
 
     def record_step(self, seconds: float | None, rows: int, drafted_tokens: int) -> None:
         """The target step that just ran decoded ``rows`` requests and verified
@@ -228,14 +229,20 @@ class StepCosts:
             )
         return min(max(c, low), high)
 
+    def _median_of(self, tag: str, times: dict, key) -> float | None:
+        memo = (tag, key)  # read for every domain at every step: sorted once per measurement
+        if memo not in self._memo:
+            self._memo[memo] = median(times.get(key, ()))
+        return self._memo[memo]
+
     def draft_forward_s(self, draft: str) -> float | None:
         """Median of the last 64 forwards of ``draft`` (unpaired: for reading only)."""
-        return median(self._draft_times.get(draft, ()))
+        return self._median_of("forward", self._draft_times, draft)
 
     def target_step_s(self, bucket: int) -> float | None:
         """Median plain target step at ``bucket`` (for reading only)."""
-        return median(self._plain_times.get(bucket, ()))
+        return self._median_of("plain", self._plain_times, bucket)
 
     def verify_step_s(self, bucket: int) -> float | None:
         """Median verifying target step at ``bucket`` (for reading only)."""
-        return median(self._verify_times.get(bucket, ()))
+        return self._median_of("verify", self._verify_times, bucket)

@@ -52,7 +52,8 @@ class DomainStats:
     cost_ratio_size: float | None = None  #: draft bytes / target bytes per forward (None: sizes unknown)
     by_bucket: dict[int, tuple[str, int]] = field(default_factory=dict)  #: (state, k) per bucket decided so far
     switches: int = 0  #: on/off switches so far, all buckets
-    #: per bucket decided so far: state, k, c, v and the predicted S there
+    #: per bucket decided so far: state, k, c, v and the predicted S there (empty from
+    #: ``stats(by_bucket=False)``, the per-step read of the live metrics)
     costs_by_bucket: dict[int, dict] = field(default_factory=dict)
 
     @property

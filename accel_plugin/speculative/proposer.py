@@ -350,10 +350,10 @@ class DomainProposer:
 
     # ------------------------------------------------------------------ reading
 
-    def stats(self) -> dict[str, DomainStats]:
-        """Per-domain counters (drafted, accepted, k, state, acceptance, cost ratio)."""
+    def stats(self, *, by_bucket: bool = True) -> dict[str, DomainStats]:
+        """Per-domain counters; ``by_bucket=False``: without the per-bucket costs (a per-step read)."""
         with self._lock:
-            return self.controller.stats()
+            return self.controller.stats(by_bucket=by_bucket)
 
     def stats_dict(self) -> dict[str, dict]:
         """:meth:`stats` as plain dicts (JSON-able), with the derived rates and the

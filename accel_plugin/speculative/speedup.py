@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-__all__ = ["best_k", "expected_speedup", "expected_tokens"]
+__all__ = ["best_k", "expected_speedup", "expected_tokens", "speedup_curve"]
 
 
 def expected_tokens(alpha: float | Sequence[float], k: int) -> float:
@@ -57,14 +57,36 @@ def expected_speedup(alpha: float | Sequence[float], k: int, c: float, overhead:
     return expected_tokens(alpha, k) / (k * c + 1.0 + overhead)
 
 
+def speedup_curve(alpha: float | Sequence[float], k_max: int, c: float,
+                  overhead: float | Callable[[int], float] = 0.0) -> list[float]:
+    """``S`` for every ``k`` in ``0..k_max`` in one pass (what :func:`expected_speedup` gives
+    for each): the controller reads the whole curve of every domain at every step.
+    ``overhead`` is v, or a function giving v for each k."""
+    if k_max < 0:
+        raise ValueError(f"k_max must be >= 0; got {k_max}")
+    rates = [alpha] if isinstance(alpha, (int, float)) else list(alpha)
+    if not rates or any(not 0.0 <= a <= 1.0 for a in rates):
+        raise ValueError(f"alpha must be in [0, 1] (or a non-empty sequence of such); got {alpha}")
+    if c < 0:
+        raise ValueError(f"c must be >= 0; got {c}")
+    curve, tokens, run, last = [1.0], 1.0, 1.0, len(rates) - 1
+    for k in range(1, k_max + 1):
+        run *= rates[min(k - 1, last)]
+        tokens += run
+        v = overhead(k) if callable(overhead) else overhead
+        if v < 0:
+            raise ValueError(f"overhead must be >= 0; got {v}")
+        curve.append(tokens / (k * c + 1.0 + v))
+    return curve
+
+
 def best_k(alpha: float | Sequence[float], c: float, k_max: int, min_speedup: float = 1.0,
            overhead: float | Callable[[int], float] = 0.0) -> tuple[int, float]:
     """``(k, S)`` with the largest ``S`` over ``k`` in ``1..k_max``, or ``(0, 1.0)``
     when none reaches ``min_speedup`` (ties go to the smaller k). ``overhead`` is v,
     or a function giving v for each k."""
     best, best_s = 0, 1.0
-    for k in range(1, k_max + 1):
-        s = expected_speedup(alpha, k, c, overhead(k) if callable(overhead) else overhead)
+    for k, s in enumerate(speedup_curve(alpha, k_max, c, overhead)[1:], start=1):
         if s > best_s + 1e-12:
             best, best_s = k, s
     if best and best_s < min_speedup:

@@ -105,7 +105,10 @@ class FakeProposer:
     num_steps: int = 0
     propose_seconds: float = 0.0
 
-    def stats(self):
+    by_bucket: list = field(default_factory=list)  # what each read asked for
+
+    def stats(self, *, by_bucket=True):
+        self.by_bucket.append(by_bucket)
         return self.domains
 
 
@@ -143,6 +146,7 @@ def test_proposer_stats_map_to_metrics(live):
     assert v[("accel_spec_propose_steps_total", base)] == 4
     assert v[("accel_spec_propose_seconds_total", base)] == pytest.approx(0.02)
     assert ("accel_spec_last_propose_seconds", base) not in v  # no previous call to difference with
+    assert proposer.by_bucket == [False]  # the per-step read leaves out the per-bucket table
 
 
 def test_proposer_last_call_time_and_off_state(live):

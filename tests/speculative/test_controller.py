@@ -16,7 +16,7 @@ from accel_plugin.speculative import controller as controller_module
 from accel_plugin.speculative.acceptance import AcceptanceWindow
 from accel_plugin.speculative.controller import DomainController
 from accel_plugin.speculative.domain_stats import DomainState
-from accel_plugin.speculative.speedup import best_k, expected_speedup, expected_tokens
+from accel_plugin.speculative.speedup import best_k, expected_speedup, expected_tokens, speedup_curve
 
 
 def reference_speedup(alpha, k, c):
@@ -90,6 +90,25 @@ def test_best_k_is_the_argmax(alpha, c, k_max):
     else:
         assert s == pytest.approx(max(values.values()), rel=1e-9)
         assert s > 1.0
+
+
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=6), st.integers(0, 8), st.floats(0, 2), st.floats(0, 0.5))
+def test_the_one_pass_curve_is_expected_speedup_at_every_k(rates, k_max, c, u):
+    curve = speedup_curve(rates, k_max, c, lambda k: u * k)
+    assert len(curve) == k_max + 1
+    for k, s in enumerate(curve):
+        assert s == pytest.approx(expected_speedup(rates, k, c, u * k), rel=1e-9, abs=1e-12)
+    assert speedup_curve(rates[0], k_max, c, u) == pytest.approx(
+        [expected_speedup(rates[0], k, c, u if k else 0.0) for k in range(k_max + 1)], rel=1e-9)
+
+
+def test_the_curve_rejects_what_expected_speedup_rejects():
+    for args, match in (((1.5, 2, 0.1), "alpha"), (([], 2, 0.1), "alpha"), ((0.5, 2, -0.1), "c must be"),
+                        ((0.5, -1, 0.1), "k_max must be")):
+        with pytest.raises(ValueError, match=match):
+            speedup_curve(*args)
+    with pytest.raises(ValueError, match="overhead must be"):
+        speedup_curve(0.5, 2, 0.1, -0.2)
 
 
 def test_break_even():

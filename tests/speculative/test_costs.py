@@ -138,3 +138,18 @@ def test_counters_for_reading():
     assert m.target_step_s(1) == pytest.approx(0.011) and m.target_step_s(8) is None
     assert m.verify_step_s(8) == pytest.approx(0.030) and m.draft_forward_s(DRAFT) == pytest.approx(0.002)
     assert m.steps_since_plain(8) == 1 and m.steps_since_plain(1) == 0
+
+
+def test_read_medians_follow_every_new_time():
+    """The medians for reading are kept between measurements (read per domain and step)
+    and never outlive one: a draft time recorded mid-step, a step recorded next."""
+    m = costs()
+    m.record_draft(DRAFT, 1, 0.002)
+    assert m.draft_forward_s(DRAFT) == pytest.approx(0.002)
+    m.record_draft(DRAFT, 1, 0.004)
+    m.record_draft(DRAFT, 1, 0.005)
+    assert m.draft_forward_s(DRAFT) == pytest.approx(0.004)
+    steps(m, 1, (0.010, 0))
+    assert m.target_step_s(1) == pytest.approx(0.010)
+    steps(m, 1, (0.020, 0), (0.030, 0))
+    assert m.target_step_s(1) == pytest.approx(0.020)
