@@ -68,6 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "ACCEL_DEMO_SUFFIX_PATH adds folders to their PYTHONPATH) (default: %(default)s)")
     parser.add_argument("--no-peers", action="store_true", help="run no peer (same as --peers '')")
     parser.add_argument("--no-mixed", action="store_true", help="skip the batch-8 run with every prompt set mixed")
+    parser.add_argument("--no-control", action="store_true",
+                        help="skip the second plain engine (the control: what two identical engines read against "
+                             "each other on the same rows, this machine's engine-to-engine spread); faster")
     parser.add_argument("--json", type=output_file_arg(".json", Path), metavar="PATH", help="also write every number to this JSON file")
 
 
@@ -86,7 +89,8 @@ def settings_from_args(args: argparse.Namespace) -> DemoSettings:
     """The parsed flags as :class:`DemoSettings` (``--no-untuned`` -> ``untuned=False``)."""
     return DemoSettings(max_tokens=args.max_tokens, batch1_prompts=args.batch1_prompts, repeats=args.repeats,
                         untuned=not args.no_untuned, attention=args.attention, dtype=args.dtype, models=args.models,
-                        peers=() if args.no_peers else parse_peers(args.peers), mixed=not args.no_mixed)
+                        peers=() if args.no_peers else parse_peers(args.peers), mixed=not args.no_mixed,
+                        control=not args.no_control)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -66,6 +66,9 @@ class DemoSettings:
     peers: tuple[str, ...] = ("ngram", "suffix")
     #: a batch-8 run with prompts of every set together
     mixed: bool = True
+    #: a second plain engine (``--no-control`` skips it): what two identical engines read
+    #: against each other on the same rows, this machine's engine-to-engine spread
+    control: bool = True
 
     RANGES: ClassVar[dict[str, Range]] = {
         "max_tokens": Range(int, 1, MAX_TOKENS_LIMIT),
@@ -173,7 +176,7 @@ class DemoPlan:
         settings = {"target_name": self.family.name, "target_dir": str(self.target), "max_tokens": s.max_tokens,
                     "batch1_prompts": s.batch1_prompts, "repeats": s.repeats, "attention": s.attention,
                     "dtype": s.dtype, "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
-                    "ignore_eos": self.family.ignore_eos, "peers": self.peers,
+                    "ignore_eos": self.family.ignore_eos, "peers": self.peers, "control": s.control,
                     "skipped_peers": self.skipped_peers, "goal_domain": self.family.goal_domain,
                     "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}}
         return build_report(results, self.routes, settings, self.family.goal_domain, peers=self.peers)
@@ -199,11 +202,15 @@ def plan_demo(settings: DemoSettings, family: Family, target: Path, has_module=N
     )
     from .peers import peer_configs, worker_has_module
 
+    from .compare import CONTROL
+
     configs: dict[str, Path | dict | None] = {"plain": None, "tuned": family.config_path("tuned")}
     if settings.untuned and "untuned" in family.configs:
         configs["untuned"] = family.config_path("untuned")
     peers, skipped = peer_configs(settings.peers, has_module or worker_has_module)
     configs.update(peers)
+    if settings.control:
+        configs[CONTROL] = None
     prompts = {label: as_model_input(batch, family, target) for label, batch in load_prompts(family).items()}
     labelled = dict(prompts)
     if settings.mixed and len(prompts) > 1:

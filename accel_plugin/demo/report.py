@@ -262,7 +262,7 @@ def _fmt(value: float | None, spec: str, none: str = "-") -> str:
 
 
 def render(report: dict, titles: dict[str, str]) -> str:
-    from .compare import render_comparison, step_lines
+    from .compare import CONTROL, render_comparison, step_lines
 
     lines = []
     st = report["settings"]
@@ -279,7 +279,7 @@ def render(report: dict, titles: dict[str, str]) -> str:
     lines.append("tok/s = the median round; ratio = the median of the rounds' paired ratios; pred = the "
                  "controller's formula at that batch size; propose ms = the whole propose() call per step")
     for name, cfg in report["configs"].items():
-        if name in report.get("peers", ()):
+        if name in report.get("peers", ()) or name == CONTROL:
             continue
         lines.append("")
         lines.append(titles.get(name, name))

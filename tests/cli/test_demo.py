@@ -53,6 +53,7 @@ def test_defaults_are_the_real_model_and_vllms_own_attention():
 def test_settings_defaults_are_the_flags_defaults():
     assert demo.settings_from_args(parse()) == DemoSettings()
     assert demo.settings_from_args(parse("--no-untuned", "--repeats", "1")) == DemoSettings(untuned=False, repeats=1)
+    assert demo.settings_from_args(parse("--no-control")) == DemoSettings(control=False)
 
 
 @pytest.mark.parametrize("change, needle", [
@@ -111,7 +112,8 @@ def test_missing_family_is_a_clear_error(tmp_path):
 
 @pytest.mark.skipif(package_version("vllm") is None, reason="vLLM is not installed")
 def test_small_real_run(tmp_path, capsys, monkeypatch):
-    """Real vLLM, plain, tuned and vLLM's n-gram peer, 4 tokens, 1 batch-1 prompt (about a minute on 2 cores)."""
+    """Real vLLM, plain, tuned, vLLM's n-gram peer and the control (a second plain engine), 4 tokens, 1
+    batch-1 prompt (about a minute on 2 cores)."""
     from accel_plugin.cli import main
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # conftest's 1 thread: the demo uses the machine
@@ -137,6 +139,9 @@ def test_small_real_run(tmp_path, capsys, monkeypatch):
     compared = {(r["domain"], r["batch"]): r for r in report["comparison"]}
     assert set(compared) == {(d, b) for d in ("support", "code", "prose") for b in (1, 8)} | {("mixed", 8)}
     assert all(r["peers"]["ngram"]["tokens_per_s"] > 0 for r in compared.values())
+    # the control, a second plain engine, ran every row beside them
+    assert report["engines"]["plain-again"]["method"] is None
+    assert all(r["control_ratio"] > 0 for r in compared.values()) and "control = a second plain engine" in text
 
 
 def test_repeats_keep_the_fastest_run_and_sum_the_counters():

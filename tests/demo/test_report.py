@@ -119,7 +119,7 @@ def test_ratio_is_the_median_of_paired_rounds():
     assert min(spec["rounds"]) / min(plain["rounds"]) == pytest.approx(1.05)
 
 
-def _peer_results(ours: dict, ngram: dict, plain: dict):
+def _peer_results(ours: dict, ngram: dict, plain: dict, control: dict | None = None):
     plain_r = _result(plain, None)
     stats = [{"support": _stats(10 * (i + 1), 50 * (i + 1), 40 * (i + 1)), "repeat": _stats(0, 0, 0)}
              for i in range(len(ours))]
@@ -134,8 +134,10 @@ def _peer_results(ours: dict, ngram: dict, plain: dict):
     ngram_r["method"] = "ngram"
     routes = {"tuned": {label: {"routed": ["support"], "draft": "d"} for label, _ in ours}}
     settings = {**SETTINGS, "skipped_peers": {"suffix": "arctic_inference is not importable"}}
-    return build_report({"plain": plain_r, "tuned": tuned, "ngram": ngram_r}, routes, settings, "support",
-                        peers=["ngram"])
+    results = {"plain": plain_r, "tuned": tuned, "ngram": ngram_r}
+    if control is not None:
+        results["plain-again"] = _result(control, None)
+    return build_report(results, routes, settings, "support", peers=["ngram"])
 
 
 def test_peer_verdicts_and_issue23_goals_from_fake_numbers():
@@ -175,6 +177,26 @@ def test_peer_verdicts_and_issue23_goals_from_fake_numbers():
     assert "(method ngram)" in text and "Goals of issue 23" in text
     assert "\nngram\n" not in text  # a peer has no proposer table of its own
     json.dumps(report)
+
+
+def test_the_control_engine_is_printed_beside_every_row_and_changes_no_verdict():
+    keys = [("support", 1), ("support", 8)]
+    plain = dict(zip(keys, (100.0, 400.0)))
+    args = {"ours": dict(zip(keys, (190.0, 380.0))), "ngram": dict(zip(keys, (110.0, 370.0))), "plain": plain}
+    without = _peer_results(**args)
+    report = _peer_results(**args, control=dict(zip(keys, (104.0, 376.0))))
+    rows = {(r["domain"], r["batch"]): r for r in report["comparison"]}
+    assert rows[("support", 1)]["control_ratio"] == pytest.approx(1.04)
+    assert rows[("support", 8)]["control_ratio"] == pytest.approx(0.94)
+    assert [g["met"] for g in report["goals23"]] == [g["met"] for g in without["goals23"]]
+    assert report["goals23"][0]["detail"] == "1/2 rows; a second plain engine read 0.94-1.04x plain on the same rows"
+    assert without["goals23"][0]["detail"] == "1/2 rows"
+    assert all(r["control_ratio"] is None for r in without["comparison"])
+    text = render(report, {"tuned": "TUNED"})
+    assert "control = a second plain engine, same settings, against the first: 0.94-1.04x" in text
+    line = next(x for x in text.splitlines() if x.strip().startswith("support") and " 8 " in x and "ahead" in x)
+    assert "0.95x   0.94x" in line  # ours, then the control
+    assert "\nplain-again\n" not in text and "control =" not in render(without, {"tuned": "TUNED"})
 
 
 def test_issue23_goals_without_peers_or_sets_are_not_measured():
