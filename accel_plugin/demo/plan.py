@@ -192,6 +192,7 @@ def plan_demo(settings: DemoSettings, family: Family, target: Path, has_module=N
     tokenizer for a chat family, and the draft YAML files to route the prompts).
     ``has_module(name)``: whether a worker can import a peer's package (default:
     :func:`.peers.worker_has_module`)."""
+    from .compare import CONTROL
     from .family import (
         MIXED,
         as_model_input,
@@ -201,8 +202,6 @@ def plan_demo(settings: DemoSettings, family: Family, target: Path, has_module=N
         workload,
     )
     from .peers import peer_configs, worker_has_module
-
-    from .compare import CONTROL
 
     configs: dict[str, Path | dict | None] = {"plain": None, "tuned": family.config_path("tuned")}
     if settings.untuned and "untuned" in family.configs:
