@@ -23,6 +23,14 @@ from collections.abc import Callable, Sequence
 __all__ = ["best_k", "expected_speedup", "expected_tokens", "speedup_curve"]
 
 
+def _rates(alpha: float | Sequence[float]) -> list[float]:
+    """``alpha`` as a list of per-position acceptances, each checked to be in [0, 1]."""
+    rates = [alpha] if isinstance(alpha, (int, float)) else list(alpha)
+    if not rates or any(not 0.0 <= a <= 1.0 for a in rates):
+        raise ValueError(f"alpha must be in [0, 1] (or a non-empty sequence of such); got {alpha}")
+    return rates
+
+
 def expected_tokens(alpha: float | Sequence[float], k: int) -> float:
     """Expected tokens per target step, ``(1 - a^(k+1)) / (1 - a)`` (= k + 1 at a = 1).
 
@@ -33,9 +41,7 @@ def expected_tokens(alpha: float | Sequence[float], k: int) -> float:
     the next ones too, so one pooled ``a`` undervalues long drafts."""
     if k < 0:
         raise ValueError(f"k must be >= 0; got {k}")
-    rates = [alpha] if isinstance(alpha, (int, float)) else list(alpha)
-    if not rates or any(not 0.0 <= a <= 1.0 for a in rates):
-        raise ValueError(f"alpha must be in [0, 1] (or a non-empty sequence of such); got {alpha}")
+    rates = _rates(alpha)
     if len(rates) == 1:
         a = rates[0]
         return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
@@ -64,9 +70,7 @@ def speedup_curve(alpha: float | Sequence[float], k_max: int, c: float,
     ``overhead`` is v, or a function giving v for each k."""
     if k_max < 0:
         raise ValueError(f"k_max must be >= 0; got {k_max}")
-    rates = [alpha] if isinstance(alpha, (int, float)) else list(alpha)
-    if not rates or any(not 0.0 <= a <= 1.0 for a in rates):
-        raise ValueError(f"alpha must be in [0, 1] (or a non-empty sequence of such); got {alpha}")
+    rates = _rates(alpha)
     if c < 0:
         raise ValueError(f"c must be >= 0; got {c}")
     curve, tokens, run, last = [1.0], 1.0, 1.0, len(rates) - 1
