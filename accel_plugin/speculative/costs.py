@@ -68,6 +68,12 @@ def median(values: Iterable[float]) -> float | None:
     return ordered[len(ordered) // 2] if ordered else None
 
 
+def lower_quartile(values: Iterable[float]) -> float | None:
+    """The lower quartile (the smallest of up to 4 values); ``None``: none."""
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 4] if ordered else None
+
+
 def measured_speedup(samples: Iterable[tuple[float, float]]) -> float | None:
     """Mean token gain times median time ratio of ``(gain, time ratio)`` samples (None: none).
     A median of their products takes one of a few values at batch 1 (``accepted + 1`` times

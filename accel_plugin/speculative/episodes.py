@@ -13,8 +13,8 @@ An **episode** is such a batch: it starts at a call whose decoding rows are all 
 starts; a row that joins midway, or a step that is not timed, spoils it (a server
 that admits rows as others finish has no tail: its cycles tell the truth). Of a
 finished episode, with ``m_i`` the tokens row ``i`` received after the first call
-and ``p(r)`` a plain cycle's time at ``r`` rows (the median of the recent ones of the
-episode's domain mix where :data:`MIN_OWN` were measured, else of every mix; a row count
+and ``p(r)`` a plain cycle's time at ``r`` rows (the lower quartile of the recent ones of
+the episode's domain mix where :data:`MIN_OWN` were measured, else of every mix; a row count
 not measured reads as its measured neighbours, interpolated):
 
 - ``P``, plain's time for the same tokens: rows sorted by ``m``,
@@ -24,7 +24,15 @@ not measured reads as its measured neighbours, interpolated):
 (``p`` is the mix's own because a plain step's time depends on its rows' contexts, not
 only on their number: at batch 8 on a 2-core CPU the support prompts' plain steps took
 83-96 ms where the median over every mix the engine ran was 107 ms, which priced the
-support batches' plain time, and so their whole speedup, 10-25% too high);
+support batches' plain time, and so their whole speedup, 10-25% too high; and ``p`` is a
+lower quartile, not a median, because a plain step never takes less than its work but
+often more (a shape's first runs, a busy machine), and the cycles an on key keeps are
+few and old: calibration steps are rare once it pays, so most of them ran in the
+engine's first minute. In a sweep's sequence on a 2-core CPU (batches of 1, 2, 4 and 8
+support prompts, 3 rounds), 16 of the 19 plain cycles of the drafting engine ran in its
+warm-up, and their median read 91.5 ms at 8 rows and 90.4 ms at 4, where a plain step of
+the same rows took 64-67 and 51-53 ms in an engine beside it that never drafted: the
+whole batches of 8 read 1.03-1.25x where the batch ran at 0.86x of a plain engine's);
 
 and its **tail factor** ``P / C`` (1 when rows keep pace, below 1 with a tail). The
 gate multiplies its cycle median at the episode's key (its first step's bucket and
@@ -46,7 +54,7 @@ from collections import deque
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
-from .costs import median
+from .costs import lower_quartile
 
 __all__ = ["MIN_DRAFTING", "MIN_OWN", "ON_SHARE", "Episodes", "plain_time", "tail_factor"]
 
@@ -149,9 +157,9 @@ class Episodes:
     def plain_times(self, mix: frozenset | None = None) -> dict[int, float]:
         """``p(r)`` per measured row count: of ``mix`` where it has :data:`MIN_OWN` plain
         cycles at ``r``, else of every mix (``None``: every mix)."""
-        plain = {r: median(times) for r, times in self._plain.items() if times}
+        plain = {r: lower_quartile(times) for r, times in self._plain.items() if times}
         if mix is not None:
-            plain.update({r: median(times) for (m, r), times in self._own.items()
+            plain.update({r: lower_quartile(times) for (m, r), times in self._own.items()
                           if m == mix and len(times) >= MIN_OWN})
         return plain
 

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from accel_plugin.speculative.draft_config.schema import ControllerConfig
-from accel_plugin.speculative.costs import StepCosts, batch_bucket
+from accel_plugin.speculative.costs import StepCosts, batch_bucket, lower_quartile
 
 DRAFT = "/draft"
 
@@ -153,3 +153,10 @@ def test_read_medians_follow_every_new_time():
     assert m.target_step_s(1) == pytest.approx(0.010)
     steps(m, 1, (0.020, 0), (0.030, 0))
     assert m.target_step_s(1) == pytest.approx(0.020)
+
+
+def test_lower_quartile_is_the_smallest_of_few_values_and_the_quarter_mark_of_many():
+    assert lower_quartile([]) is None
+    assert lower_quartile([0.3, 0.1, 0.2, 0.4]) == 0.1
+    assert lower_quartile([5, 1, 4, 2, 3]) == 2
+    assert lower_quartile(range(100, 0, -1)) == 25
