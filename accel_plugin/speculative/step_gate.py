@@ -1,58 +1,57 @@
 """The step's verdict: measured whole cycles per batch bucket and domain mix.
 
-**Cycles.** A cycle runs from the start of one ``propose`` call to the start of the next:
-that call's drafting and host work, the framework's target step that verifies its drafts,
-and the framework's own host work; it emitted the tokens the next call receives. It is a
-*drafting* cycle when its call proposed any draft, else *plain*; cycles after a prefill
-or an idle engine are not timed (and break the pairing).
+**Cycles.** A cycle runs from the start of one ``propose`` call to the start of the next: that
+call's drafting and host work, the framework's target step that verifies its drafts, and the
+framework's own host work; it emitted the tokens the next call receives. It is a *drafting*
+cycle when its call proposed any draft, else *plain*; cycles after a prefill or an idle engine
+are not timed (and break the pairing).
 
-**Keys.** Cycles, samples and the verdict are kept per *key*: the step's batch
-bucket (:func:`.costs.batch_bucket`) and its *domain mix*, the set of entries
-(domains, ``<domain>/lookup``) of its rows that may draft. A bucket where one mix
-pays and another loses (a support batch against a code batch of the same size)
-gets one verdict per mix, not their pooled median. The readings
-(:meth:`StepGate.stats`) are per bucket, with each mix's verdict under ``mixes``.
+**Keys.** Cycles, samples and the verdict are kept per *key*: the step's batch bucket
+(:func:`.costs.batch_bucket`) and its *domain mix*, the set of entries (domains,
+``<domain>/lookup``) of its rows that may draft. A bucket where one mix pays and another loses
+gets one verdict per mix, not their pooled median. The readings (:meth:`StepGate.stats`) are per
+bucket, each mix's verdict under ``mixes``.
 
-**Samples.** At each key a drafting cycle is paired with the nearest plain cycle of the
-same number of rows at most :data:`ADJACENT` timed cycles away (calibration steps and the
-controller's own plain steps make them): one sample, its token gain (the drafting cycle's
-tokens over the plain one's) and time ratio (the plain one's seconds over the drafting
-one's). Same rows, so that both did the same work but for drafting; moments apart, so
-that a slow spell of a shared machine slows both. The measured speedup is the samples'
-mean gain times their median time ratio (:func:`.costs.measured_speedup`).
+**Samples.** At each key a drafting cycle is paired with the nearest plain cycle of the same
+number of rows at most :data:`ADJACENT` timed cycles away (calibration steps and the
+controller's own plain steps make them): one sample, its token gain (the drafting cycle's tokens
+over the plain one's) and time ratio (the plain one's seconds over the drafting one's). Same
+rows, so that both did the same work but for drafting; moments apart, so that a slow spell of a
+shared machine slows both. The measured speedup is the samples' mean gain times their median
+time ratio (:func:`.costs.measured_speedup`).
 
-**Whole batches.** A batch that starts together and that no row joins pays for drafting
-in its tail too (rows that drafted finish unevenly): :mod:`.episodes` measures each such
-batch's *tail factor* (kept at each key of its first bucket), and the gate reads a key's
-measured speedup times the median of its last 4 factors; a key with none borrows the
-median of its bucket's other keys' factors (a new mix of a bucket whose whole batches lose
-starts judged by them), 1 where the bucket has none. A whole batch that mostly drafted
-also gives its *whole speedup* (plain's time for its tokens over its measured time,
-everything included: the draft's prefill, catch-ups, the tail); one below ``min_speedup``
-switches its on keys off at once (cycle samples are few and noisy where the calibration
-steps that pair them are rare: support at batch 8 read 1.19x by its cycles times 0.88 for
-its tail, and its whole batches ran at 0.93x).
+**Whole batches.** A batch that starts together and that no row joins pays for drafting in its
+tail too (rows that drafted finish unevenly): :mod:`.episodes` measures each such batch's *tail
+factor* (kept at each key of its first bucket), and the gate reads a key's measured speedup
+times the median of its last 4 factors; a key with none borrows the median of its bucket's other
+keys' factors (a new mix of a bucket whose whole batches lose starts judged by them), 1 where
+the bucket has none. A whole batch that mostly drafted also gives its *whole speedup* (plain's
+time for its tokens over its measured time, everything included: the draft's prefill, catch-ups,
+the tail); one below ``min_speedup`` switches its on keys off at once, and where it is below the
+key's cycles times the tail factor, its factor is the whole speedup over the cycles' instead
+(cycle samples are few and old where the calibration steps that pair them are rare: support at
+batch 8 read 1.24-1.43x by its cycles while its whole batches ran at 0.87-0.91x: 1.07x by its
+cycles times its tail, and its probes would switch it back on).
 
-**Gate.** Per key: ``warmup`` until ``gate_min_samples`` samples, then ``on`` or ``off`` by
-the measured speedup of the last ``gate_window`` (times the tail factor): on goes off below
+**Gate.** Per key: ``warmup`` until ``gate_min_samples`` samples, then ``on`` or ``off`` by the
+measured speedup of the last ``gate_window`` (times the tail factor): on goes off below
 ``min_speedup``, off goes on at ``min_speedup * (1 + hysteresis)``, either after
 ``gate_switch_after`` consecutive samples that ask for it (a switch keeps only the last
 ``gate_min_samples`` samples, so the next verdict reads the new regime). A new key starts
 ``off`` where the nearest smaller bucket with a verdict for its mix is off (a verified draft
 token per row costs more as the batch grows: no warm-up of drafting steps to find that out
-again), or, with no such bucket, where its mix has several domains and each of them alone
-is off at its bucket (a step that drafts for several domains pays for several drafts); its
-own first ``gate_min_samples`` samples, from its probes, then decide as a warm-up's would.
-At an off key no row drafts, except a probe after :func:`probe_interval` steps
-(``gate_probe_interval`` times the bucket, at most 8): two drafting steps, the first to let
-the drafts catch up on the plain steps' tokens (not paired), the second measured against
-its plain neighbours. The catch-up is a draft forward over every token the rows took
-meanwhile (at batch 8 about a plain step), so each probe that leaves the key off doubles
-the interval to the next, up to :data:`MAX_BACKOFF` doublings (at batch 1, 16 steps then
-32 then 64: probes every 16 steps cost a lone general request about 6%). A whole batch's
-switch (its speedup, or a tail factor that brings an on key below ``min_speedup`` where its
-cycles alone are above) starts at :data:`MAX_BACKOFF` doublings (a whole batch is stronger
-evidence than a cycle); any other switch resets the interval.
+again), or, with no such bucket, where its mix has several domains and each of them alone is off
+at its bucket (a step that drafts for several domains pays for several drafts); its own first
+``gate_min_samples`` samples, from its probes, then decide as a warm-up's would. At an off key
+no row drafts, except a probe after :func:`probe_interval` steps (``gate_probe_interval`` times
+the bucket, at most 8): two drafting steps, the first to let the drafts catch up on the plain
+steps' tokens (not paired), the second measured against its plain neighbours. The catch-up is a
+draft forward over every token the rows took meanwhile (at batch 8 about a plain step), so each
+probe that leaves the key off doubles the interval to the next, up to :data:`MAX_BACKOFF`
+doublings (at batch 1, 16 steps then 32 then 64: probes every 16 steps cost a lone general
+request about 6%). A whole batch's switch (its speedup, or a tail factor that brings an on key
+below ``min_speedup`` where its cycles alone are above) starts at :data:`MAX_BACKOFF` doublings
+(a whole batch is stronger evidence than a cycle); any other switch resets the interval.
 
 The step model (:func:`.step_model.plan_step`) predicts; this gate measures.
 """
@@ -75,8 +74,7 @@ ADJACENT = 3
 _KEPT = 64
 #: doublings of the probe interval of a key a whole batch switched off
 MAX_BACKOFF = 2
-#: tail factors of whole batches kept per key
-_FACTORS = 4
+_FACTORS = 4  #: factors of whole batches kept per key
 #: an on key measuring this many times ``min_speedup`` needs no early calibration steps
 SETTLED = 1.25
 
@@ -116,11 +114,11 @@ class _Bucket:
     samples: deque = field(default_factory=deque)
     total_samples: int = 0
     backoff: int = 0  #: doublings of the probe interval (MAX_BACKOFF after a whole batch's switch)
-    factors: deque = field(default_factory=lambda: deque(maxlen=_FACTORS))  #: tail factors (episodes)
+    factors: deque = field(default_factory=lambda: deque(maxlen=_FACTORS))  #: what the cycles are read times
+    tails: deque = field(default_factory=lambda: deque(maxlen=_FACTORS))  #: tail factors (episodes), for readings
     whole: deque = field(default_factory=lambda: deque(maxlen=_FACTORS))  #: whole speedups (drafting episodes)
     last: dict = field(default_factory=dict)  #: drafting?: (tokens, seconds, rows, cycle index)
-    #: the bucket whose off verdict this key started with: a smaller one of its mix, or its own
-    #: (each domain of its mix off alone there)
+    #: the bucket whose off verdict it started with: a smaller one of its mix, or its own (each domain off alone)
     inherited: int | None = None
     plain_cycles: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
     draft_cycles: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
@@ -210,10 +208,12 @@ class StepGate:
             self.record_episode(key, done[1], done[2])
 
     def record_episode(self, key: GateKey, factor: float, speedup: float | None = None) -> None:
-        """A whole batch that began at ``key`` had this tail factor (at most 1 is kept) and,
-        where it mostly drafted, this whole ``speedup`` over plain: below ``min_speedup``
-        it switches an on key off at once (it measured everything a cycle leaves out)."""
+        """A whole batch began at ``key``: its tail ``factor`` and, where it mostly drafted, its whole ``speedup``
+        (below ``min_speedup``: an on key goes off at once; below the cycles times ``factor``: the factor)."""
         at = self._at(key)
+        at.tails.append(min(1.0, factor))
+        if speedup is not None and len(at.samples) >= self.cfg.gate_min_samples:
+            factor = min(factor, speedup / measured_speedup(at.samples))
         at.factors.append(min(1.0, factor))
         if speedup is not None:
             at.whole.append(speedup)
@@ -226,8 +226,8 @@ class StepGate:
                 self._judge(other, at_once=True)
 
     def factor(self, key: GateKey) -> float:
-        """The tail factor at ``key``: the median of its last whole batches'; with none, that of its
-        bucket's other mixes (the tail is the batch's, whichever domains drafted); else 1."""
+        """What ``key``'s cycles are read times: the median of its last whole batches' factors; with none,
+        that of its bucket's other mixes (the tail is the batch's, whichever domains drafted); else 1."""
         return self._factor(key[0], self._buckets.get(key))
 
     def _factor(self, bucket: int, at: _Bucket | None) -> float:
@@ -378,7 +378,7 @@ class StepGate:
                 "steps": sum(at.steps for at in ats),
                 "mixes": {mix_name(mix): {"gate": at.state, "measured_speedup": measured_speedup(at.samples),
                                           "samples": at.total_samples, "steps": at.steps,
-                                          "tail_factor": median(at.factors),
+                                          "tail_factor": median(at.tails),
                                           "whole_speedup": median(at.whole),
                                           "inherited": at.inherited} for mix, at in mixes},
             }

@@ -272,3 +272,27 @@ def test_a_plain_price_is_the_lower_quartile_so_a_warm_ups_slow_cycles_do_not_pr
     for i in range(32):  # many cycles of a steady machine: 0.060 .. 0.0755 s
         steady.record_cycle(0.060 + 0.0005 * i, 2, 2, 0)
     assert steady.plain_times()[2] == pytest.approx(0.060 + 0.0005 * 7)  # the 8th of 32
+
+
+def test_a_whole_batch_below_its_keys_cycles_sets_the_factor_so_probes_and_new_mixes_read_it():
+    """Cycle samples over-read where the calibration steps that pair them are few and old: support
+    at batch 8 read 1.24-1.43x by its cycles while its whole batches ran at 0.87-0.91x; by its
+    cycles times its tail factor (1.24 x 0.86 = 1.07x) its probes would switch it back on."""
+    g = gate()
+    key = (8, frozenset({"support"}))
+    on_at(g, key, 1.43)
+    g.record_episode(key, 0.86, 0.87)
+    assert g.state(*key) == "off" and g.factor(key) == pytest.approx(0.87 / 1.43)
+    on_at(g, key, 1.24)  # probes: 1.24 x 0.61 = 0.75x, not 1.07x
+    assert g.state(*key) == "off"
+    mixed = (8, frozenset({"default", "support"}))
+    on_at(g, mixed, 1.3)  # a new mix of the bucket borrows the factor
+    assert g.state(*mixed) == "off"
+    small = (1, frozenset({"support"}))  # a whole batch above its cycles keeps the tail factor
+    on_at(g, small, 1.64)
+    g.record_episode(small, 1.0, 2.0)
+    assert g.state(*small) == "on" and g.factor(small) == 1.0
+    early = (2, frozenset({"support"}))  # too few samples to read the cycles: the tail factor alone
+    on_at(g, early, 1.2, samples=1)
+    g.record_episode(early, 0.95, 0.9)
+    assert g.factor(early) == pytest.approx(0.95)
