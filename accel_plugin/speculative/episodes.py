@@ -42,7 +42,8 @@ With ``T`` the measured time of its cycles, ``P / T`` is the episode's **whole
 speedup**: what the batch gained over plain with everything a cycle sample leaves
 out (the draft's prefill of the prompts in the first call, a probe's catch-up, the
 tail). It is reported for an episode at least :data:`ON_SHARE` of whose cycles
-drafted; the gate switches an on key off when its last whole batch lost (measured
+drafted; the gate switches an on key off when its last whole batch lost, and reads the
+whole speedup over its cycles' as the key's factor where that is below the tail factor (measured
 on a 2-core CPU, batch 8 of support prompts: cycle samples 1.19x, tail factor 0.88,
 whole batches 0.93x against a plain engine). An episode with fewer than :data:`MIN_DRAFTING` of its cycles
 drafting says nothing about drafting and is dropped. Per call the work is O(rows).

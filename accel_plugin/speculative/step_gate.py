@@ -34,7 +34,7 @@ batch 8 read 1.24-1.43x by its cycles while its whole batches ran at 0.87-0.91x:
 cycles times its tail, and its probes would switch it back on).
 
 **Gate.** Per key: ``warmup`` until ``gate_min_samples`` samples, then ``on`` or ``off`` by the
-measured speedup of the last ``gate_window`` (times the tail factor): on goes off below
+measured speedup of the last ``gate_window`` (times the factor): on goes off below
 ``min_speedup``, off goes on at ``min_speedup * (1 + hysteresis)``, either after
 ``gate_switch_after`` consecutive samples that ask for it (a switch keeps only the last
 ``gate_min_samples`` samples, so the next verdict reads the new regime). A new key starts
@@ -49,7 +49,7 @@ steps' tokens (not paired), the second measured against its plain neighbours. Th
 draft forward over every token the rows took meanwhile (at batch 8 about a plain step), so each
 probe that leaves the key off doubles the interval to the next, up to :data:`MAX_BACKOFF`
 doublings (at batch 1, 16 steps then 32 then 64: probes every 16 steps cost a lone general
-request about 6%). A whole batch's switch (its speedup, or a tail factor that brings an on key
+request about 6%). A whole batch's switch (its speedup, or a factor that brings an on key
 below ``min_speedup`` where its cycles alone are above) starts at :data:`MAX_BACKOFF` doublings
 (a whole batch is stronger evidence than a cycle); any other switch resets the interval.
 
@@ -254,7 +254,7 @@ class StepGate:
         self._judge(at)
 
     def _judge(self, at: _Bucket, at_once: bool = False) -> None:
-        """Re-read the verdict from the samples times the tail factor. ``at_once``: a tail factor
+        """Re-read the verdict from the samples times the factor. ``at_once``: a whole batch's factor
         arrived; it switches an on key off at once only where the cycles alone keep it on."""
         cfg = self.cfg
         if len(at.samples) < cfg.gate_min_samples:
@@ -321,7 +321,7 @@ class StepGate:
         return sum(at.total_samples for at in self._of(bucket, mix))
 
     def settled(self, bucket: int, mix: Iterable[str]) -> bool:
-        """On, with ``gate_min_samples`` samples measuring (tail factor included) :data:`SETTLED`
+        """On, with ``gate_min_samples`` samples measuring (factor included) :data:`SETTLED`
         times ``min_speedup`` or more: the controller's early calibration steps stop there."""
         at = self._buckets.get((bucket, frozenset(mix)))
         if at is None or at.state != GateState.ON or len(at.samples) < self.cfg.gate_min_samples:
