@@ -13,6 +13,10 @@ call, where every request is new (its tokens are copied and its prompt routed,
 once per request). A step appends one sampled token to every row, as a decoding
 step without accepted drafts does.
 
+``--config lookups`` gives the proposer the demo's domains instead (three with prompt
+lookup, and the default), still without a draft model: each step then looks up every
+row's n-grams and decides the entries of its rows.
+
 Three ways of calling, as the adapters do:
 
 - ``vllm``: vLLM's arguments, a host token array ``[max_num_seqs, max_len]`` int32
@@ -42,11 +46,29 @@ from pathlib import Path
 import numpy as np
 
 MODES = ("vllm", "vllm-moving", "ids")
+#: ``one``: a lone domain without a draft; ``lookups``: the demo's domains (three with prompt lookup, none
+#: matching in random tokens, and the default), no draft model: the per-entry work of a config like the demo's
+CONFIGS = {
+    "one": """
+        num_speculative_tokens: 4
+        default: {draft: null}
+        controller: {log_interval_s: 0}
+    """,
+    "lookups": """
+        num_speculative_tokens: 5
+        domains:
+          repeat: {lookup: {min: 2, max: 5}, match: {keywords: [rewrite]}}
+          code: {lookup: {min: 2, max: 5}, match: {keywords: [python]}}
+          support: {lookup: {min: 2, max: 5}, match: {keywords: [refund]}}
+        default: {draft: null, lookup: {min: 2, max: 5}}
+        controller: {log_interval_s: 0}
+    """,
+}
 CONTEXTS = (256, 4096, 16384)
 BATCHES = (1, 32)
 
 
-def _proposer(tmp: Path, max_len: int):
+def _proposer(tmp: Path, max_len: int, config: str = "one"):
     from transformers import PreTrainedTokenizerFast
 
     from accel_plugin.speculative import DomainProposer
@@ -58,22 +80,18 @@ def _proposer(tmp: Path, max_len: int):
         build_tokenizer(tok_dir)
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tok_dir / "tokenizer.json"))
     path = tmp / "drafts.yaml"
-    path.write_text(textwrap.dedent("""
-        num_speculative_tokens: 4
-        default: {draft: null}
-        controller: {log_interval_s: 0}
-    """).lstrip())
+    path.write_text(textwrap.dedent(CONFIGS[config]).lstrip())
     return DomainProposer(load_draft_config(path), lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                           max_len=max_len, logger=logging.getLogger("benchmarks.proposer_overhead"))
 
 
-def run(tmp: Path, mode: str, context: int, batch: int, steps: int, seed: int = 0) -> float:
+def run(tmp: Path, mode: str, context: int, batch: int, steps: int, seed: int = 0, config: str = "one") -> float:
     """Median seconds per ``propose()`` step (see the module docstring)."""
     from accel_plugin.speculative.token_rows import TokenRows
 
     rng = np.random.default_rng(seed)
     width = context + steps + 8
-    proposer = _proposer(tmp, width)
+    proposer = _proposer(tmp, width, config)
     tokens = np.zeros((batch, width), dtype=np.int32)  # row j of request j (its row moves in vllm-moving)
     tokens[:, :context] = rng.integers(3, 380, size=(batch, context))
     lengths = np.full(batch, context, dtype=np.int64)
@@ -110,6 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS), help="prompt lengths in tokens")
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES), help="rows per step")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="ways of calling")
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="one",
+                        help="the proposer's domains (default one: a lone domain without a draft)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over all cells; the best is kept (default 3)")
     args = parser.parse_args(argv)
     if min(args.steps, args.rounds, *args.contexts, *args.batches) < 1:
@@ -120,10 +140,10 @@ def main(argv: list[str] | None = None) -> None:
             for batch in args.batches:
                 for context in args.contexts:
                     for mode in args.modes:
-                        seconds = run(Path(tmp), mode, context, batch, args.steps)
+                        seconds = run(Path(tmp), mode, context, batch, args.steps, config=args.config)
                         results[mode, batch, context] = min(seconds, results.get((mode, batch, context), seconds))
     print(f"propose() host time per step, microseconds: median of {args.steps} steps, best of {args.rounds} "
-          "rounds (no draft model: matching, new tokens, controller)\n")
+          f"rounds (no draft model: matching, new tokens, controller; config {args.config})\n")
     print("| batch | context | " + " | ".join(args.modes) + " |")
     print("| --- | --- | " + " | ".join("---" for _ in args.modes) + " |")
     for batch in args.batches:

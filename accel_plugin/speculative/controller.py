@@ -198,18 +198,18 @@ class DomainController:
 
     def step(self, rows: int = 1, domains: Iterable[str] | None = None,
              row_domains: Sequence[str] | None = None) -> None:
-        """Start a framework step of ``rows`` requests of ``domains`` (default: all):
-        re-decide every domain at this batch bucket; ask the step gate; maybe make it
-        a calibration step. ``row_domains`` (the domain of every row) lets the step
-        model plan the step. A step without requests decides nothing."""
-        self.calibrating = self.gated = False
-        self._plan = self.predicted = None
+        """Start a framework step of ``rows`` requests of ``domains`` (default: all; with lookup entries):
+        re-decide those and ``row_domains`` at this batch bucket (no other changed); ask the step gate;
+        maybe make it a calibration step. ``row_domains`` (every row's entry) lets the step model plan
+        the step. A step without requests decides nothing."""
+        self.calibrating, self.gated, self._plan, self.predicted = False, False, None, None
         if rows <= 0:
             return
         self._bucket = b = batch_bucket(rows)
-        for d in self._domains.values():
-            self._decide(d, b)
-        names = set(row_domains) if row_domains is not None else self._domains if domains is None else domains
+        seen = set(self._domains if domains is None else domains) | set(row_domains or ())
+        for name in seen:  # a domain with no request here has nothing new to decide at this bucket
+            self._decide(self._domains[name], b)
+        names = set(row_domains) if row_domains is not None else seen
         # a domain's lookup entry counts as the domain: matches come and go from step to step
         self._mix = mix = frozenset(entry_domain(n) for n in names
                                     if self._domains[n].fixed not in DomainState.NEVER_DRAFTS)

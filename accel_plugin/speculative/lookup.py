@@ -60,7 +60,7 @@ class NgramIndex:
         if end <= first:
             self.indexed = max(self.indexed, end)
             return
-        latest = self.occurrence == "latest"
+        latest, tail, lo = self.occurrence == "latest", None, 0
         for n, follow in self._follow.items():
             start = max(first, n)
             if start >= end:
@@ -74,8 +74,11 @@ class NgramIndex:
                 else:
                     follow.update(zip(reversed(keys), reversed(positions)))
                 continue
+            if tail is None:  # the few new tokens: one bytes object, sliced per n-gram
+                lo = max(first - self.max_n, 0)
+                tail = tokens[lo:end].tobytes()
             for p in range(start, end):
-                key = tokens[p - n: p].tobytes()
+                key = tail[8 * (p - n - lo): 8 * (p - lo)]
                 if latest:
                     follow[key] = p
                 else:
@@ -86,8 +89,12 @@ class NgramIndex:
         """Position in ``tokens`` (the indexed context) of the first token to propose, or
         ``None`` when no suffix n-gram of length ``min_n..max_n`` occurred earlier."""
         length = len(tokens)
-        for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
-            found = self._follow[n].get(np.asarray(tokens[length - n:], dtype=np.int64).tobytes())
+        top = min(self.max_n, length - 1)
+        if top < self.min_n:
+            return None
+        tail = np.asarray(tokens[length - top:], dtype=np.int64).tobytes()  # sliced per n: one conversion
+        for n in range(top, self.min_n - 1, -1):
+            found = self._follow[n].get(tail[8 * (top - n):])
             if found is not None:
                 return found
         return None

@@ -255,9 +255,9 @@ class DomainProposer:
         # a matched row counts under its lookup entry unless that is off and a draft serves it (seen all the same)
         entries = [lookup_entry(s.domain) if i in matched and (self._drafts[s.domain] is None or self.controller.state(
             lookup_entry(s.domain), len(rows))[0] != DomainState.OFF) else s.domain for i, s in rows]
-        self.controller.step(len(rows), set(entries), entries)
-        jobs_by_draft: dict[str, list[tuple[int, RequestState, DraftJob]]] = {}
         seen_domains = {s.domain for _, s in rows} | {lookup_entry(s.domain) for i, s in rows if i in matched}
+        self.controller.step(len(rows), seen_domains, entries)
+        jobs_by_draft: dict[str, list[tuple[int, RequestState, DraftJob]]] = {}
         lookup_rows = lookup_k = 0
         for i, state in rows:
             draft = self._drafts[state.domain]

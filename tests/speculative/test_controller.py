@@ -234,6 +234,23 @@ def test_warmup_then_choice_follows_formula():
     assert s.bucket == 1 and s.by_bucket == {1: (DomainState.ON, expect_k)}
 
 
+def test_a_step_decides_only_the_entries_it_is_given():
+    """Per step only the domains of its requests are re-decided (host work per step does not
+    grow with the domains configured); an entry named in ``domains`` (a matched row's lookup
+    entry) is decided even where no row counts under it."""
+    cfg = ControllerConfig(min_samples=4, window=64, hysteresis=0.0, switch_after=1, calibration_interval=0)
+    ctl = DomainController(cfg, {"a": "/draft", "b": "/draft"}, {"a": 4, "b": 4})
+    paired(ctl, 0.001, 0.010)
+    feed(ctl, "a", 4, 4)
+    feed(ctl, "b", 4, 4)
+    ctl.step(1, {"a"}, ["a"])
+    assert ctl.stats()["a"].state == DomainState.ON and ctl.stats()["b"].state == DomainState.WARMUP
+    ctl.step(1, {"a", "b"}, ["a"])  # b seen (its lookup matched, say) though its row counts under a
+    assert ctl.stats()["b"].state == DomainState.ON
+    ctl.step()  # no domains given: all
+    assert ctl.stats()["b"].by_bucket == {1: (DomainState.ON, 4)}
+
+
 def test_domain_without_draft_never_drafts():
     ctl = controller()
     ctl.step()
