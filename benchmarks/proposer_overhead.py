@@ -13,9 +13,9 @@ call, where every request is new (its tokens are copied and its prompt routed,
 once per request). A step appends one sampled token to every row, as a decoding
 step without accepted drafts does.
 
-``--config lookups`` gives the proposer the demo's domains instead (three with prompt
-lookup, and the default), still without a draft model: each step then looks up every
-row's n-grams and decides the entries of its rows.
+``--config lookups`` gives the proposer the demo's domains instead (three domains and the
+default, each with prompt lookup), still without a draft model: each step then looks up
+every row's n-grams and decides the entries of its rows.
 
 Three ways of calling, as the adapters do:
 
@@ -46,8 +46,8 @@ from pathlib import Path
 import numpy as np
 
 MODES = ("vllm", "vllm-moving", "ids")
-#: ``one``: a lone domain without a draft; ``lookups``: the demo's domains (three with prompt lookup, none
-#: matching in random tokens, and the default), no draft model: the per-entry work of a config like the demo's
+#: ``one``: a lone domain without a draft; ``lookups``: the demo's domains (three, whose keywords random tokens
+#: do not route to, and the default), each with prompt lookup, no draft model: the per-entry work of the demo's
 CONFIGS = {
     "one": """
         num_speculative_tokens: 4
