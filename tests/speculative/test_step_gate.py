@@ -309,6 +309,26 @@ def test_a_new_mix_starts_off_where_each_of_its_domains_alone_is_off_at_its_buck
     assert g.state(8, code | support) == "on"
 
 
+def test_an_inherited_off_switches_on_only_past_the_hysteresis_as_any_off_key():
+    # a mix that starts off (each of its domains lost alone) and whose probes read 1.02x: a
+    # warm-up's verdict (at min_speedup) would switch it on; an off key needs 1.05x, twice in a row
+    g = StepGate(ControllerConfig(gate_min_samples=2, gate_window=4))
+
+    def measured(key, speedup: float, pairs: int = 3) -> None:
+        for seconds, drafted in [(0.1, 0), (0.1 / speedup, 8)] * pairs:
+            g.begin(*key)
+            g.record_cycle(seconds, 8, 8, 8, drafted)
+
+    code, support = frozenset({"code"}), frozenset({"support"})
+    measured((8, code), 0.8)
+    measured((8, support), 0.8)
+    assert g.begin(8, code | support) == "off"
+    measured((8, code | support), 1.02, pairs=4)
+    assert g.state(8, code | support) == "off"
+    measured((8, code | support), 1.2)
+    assert g.state(8, code | support) == "on"
+
+
 def test_a_larger_batch_warms_up_where_the_smaller_one_pays():
     ctl = controller(ONE)
     target = Target(draft_s={"/d/good": 0.005})
