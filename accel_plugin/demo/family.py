@@ -139,7 +139,8 @@ def as_model_input(texts: list[str], family: Family, tokenizer_dir: Path) -> lis
 
 
 def route_labels(config_path: Path, prompts: dict[str, list[str]]) -> dict[str, dict]:
-    """Per prompt-domain label: the proposer domain its prompts are routed to and its draft."""
+    """Per prompt-domain label: the proposer domains its prompts are routed to and their drafts
+    (``general/support``: one per routed domain, in the same order; ``none`` for a domain without one)."""
     from ..speculative.draft_config import load_draft_config
     from ..speculative.router import DomainRouter
 
@@ -149,8 +150,8 @@ def route_labels(config_path: Path, prompts: dict[str, list[str]]) -> dict[str, 
     out = {}
     for label, texts in prompts.items():
         routed = sorted({router.route(t) for t in texts})
-        draft = drafts.get(routed[0])
-        out[label] = {"routed": routed, "draft": Path(draft).name if draft else None}
+        names = [Path(drafts[d]).name if drafts.get(d) else "none" for d in routed]
+        out[label] = {"routed": routed, "draft": None if set(names) == {"none"} else "/".join(names)}
     return out
 
 

@@ -65,13 +65,15 @@ def summarise(result: dict, routed: dict[str, list[str]] | None = None) -> dict[
                 continue
             for key in ("steps", "drafted", "accepted"):
                 entry[key] += d[key]
-            s = stats[domain]
+            s, seen = stats[domain], entry["domains"].get(domain, {})
             at = (s.get("costs_by_bucket") or {}).get(str(int(batch))) or (s.get("costs_by_bucket") or {}).get(int(batch))
             entry["domains"][domain] = {
                 "state": (at or s)["state"], "k": (at or s)["k"], "k_max": s["k_max"], "alpha": s["alpha"],
                 "c": (at or {}).get("c", s.get("cost_ratio")), "v": (at or {}).get("v", s.get("verify_overhead")),
                 "expected_speedup": (at or {}).get("expected_speedup", s.get("expected_speedup")),
                 "draft": s.get("draft"),
+                # this label's rows only, every round: its draft's acceptance on them
+                "drafted": seen.get("drafted", 0) + d["drafted"], "accepted": seen.get("accepted", 0) + d["accepted"],
             }
     for entry in out.values():
         entry["seconds"] = statistics.median(entry["rounds"])
@@ -283,7 +285,7 @@ def render(report: dict, titles: dict[str, str]) -> str:
             continue
         lines.append("")
         lines.append(titles.get(name, name))
-        header = (f"  {'domain':<8} {'routed->draft':<26} {'batch':>5} {'plain tok/s':>11} {'spec tok/s':>10} "
+        header = (f"  {'domain':<8} {'routed->draft':<34} {'batch':>5} {'plain tok/s':>11} {'spec tok/s':>10} "
                   f"{'ratio':>6} {'pred':>5} {'accepted/drafted':>17} {'accept':>6} {'k':>3} {'c':>6} {'v':>5} "
                   f"{'propose ms':>10}  state")
         lines.append(header)
@@ -293,7 +295,7 @@ def render(report: dict, titles: dict[str, str]) -> str:
             d = list(r["proposer"].values())
             one = d[0] if len(d) == 1 else {}
             lines.append(
-                f"  {r['domain']:<8} {routed:<26} {r['batch']:>5} {r['plain_tokens_per_s']:>11.1f} "
+                f"  {r['domain']:<8} {routed:<34} {r['batch']:>5} {r['plain_tokens_per_s']:>11.1f} "
                 f"{r['spec_tokens_per_s']:>10.1f} {_fmt(r['ratio'], '.2f') + 'x':>6} "
                 f"{_fmt(r['predicted_speedup'], '.2f'):>5} "
                 f"{(str(r['accepted']) + '/' + str(r['drafted'])):>17} {_fmt(r['acceptance'], '.2f'):>6} "

@@ -35,6 +35,8 @@ def test_smollm2_held_out_prompts_route_to_their_domain():
         assert routes["support"] == {"routed": ["support"], "draft": draft}
         assert routes["code"] == {"routed": ["code"], "draft": "code"}
         assert routes["general"] == {"routed": ["default"], "draft": "general"}
+        # the free-style set reaches the default domain too (words the keywords miss): both drafts named
+        assert routes["support-free"] == {"routed": ["default", "support"], "draft": f"general/{draft}"}
 
 
 def test_workload_keeps_the_poor_engine_cold_on_the_goal_domain():

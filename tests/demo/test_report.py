@@ -248,3 +248,26 @@ def test_a_rows_prompt_lookup_counts_as_drafting_apart_from_its_draft():
     assert comparison({"tuned": {"rows": [row]}}, [])[0]["drafted"] == 12  # it drafted: no "(drafted no token)"
     row["lookup_drafted"] = 0
     assert comparison({"tuned": {"rows": [row]}}, [])[0]["drafted"] == 0
+
+
+def test_free_style_acceptance_is_the_goal_domains_draft_pooled_by_draft_tokens():
+    # the free-style set's rows route partly to the default domain (another draft): the goal reads
+    # the goal domain's draft on both sets, draft tokens pooled over batch 1 and 8 (not a mean of
+    # the two batches' rates: a batch whose gate is off drafts a few probe tokens)
+    from accel_plugin.demo.compare import goals23
+
+    def row(domain, batch, by_domain, routed):
+        return {"domain": domain, "batch": batch, "ours_ratio": 1.0, "never_slower": True, "best_peer": None,
+                "ahead_of_peers": True, "lossless": True, "peers": {}, "by_domain": by_domain, "routed": routed}
+
+    rows = [row("support", 1, {"support": (200, 130)}, ["support"]),
+            row("support", 8, {"support": (0, 0)}, ["support"]),
+            row("support-free", 1, {"support": (150, 90), "default": (100, 30)}, ["default", "support"]),
+            row("support-free", 8, {"support": (10, 10), "default": (0, 0)}, ["default", "support"])]
+    goal = next(g for g in goals23(rows, "support") if "support-free acceptance" in g["goal"])
+    assert goal["measured"] == pytest.approx(100 / 160 - 130 / 200) and goal["met"] is True
+    assert goal["detail"] == ("0.62 vs 0.65 (160 and 200 draft tokens); every draft of the rows 0.50 vs 0.65 "
+                              "(support-free routed to default+support)")
+    rows[2]["by_domain"]["support"] = (150, 60)
+    goal = next(g for g in goals23(rows, "support") if "support-free acceptance" in g["goal"])
+    assert goal["measured"] == pytest.approx(70 / 160 - 0.65) and goal["met"] is False
