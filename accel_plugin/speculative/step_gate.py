@@ -53,7 +53,9 @@ probe that leaves the key off doubles the interval to the next, up to :data:`MAX
 doublings (at batch 1, 16 steps then 32 then 64: probes every 16 steps cost a lone general
 request about 6%). A whole batch's switch (its speedup, or a factor that brings an on key
 below ``min_speedup`` where its cycles alone are above) starts at :data:`MAX_BACKOFF` doublings
-(a whole batch is stronger evidence than a cycle); any other switch resets the interval.
+(a whole batch is stronger evidence than a cycle), and so does a key that starts off (a probe
+drafts for every row, every draft of its mix, and catches up rows that never drafted over
+their whole context); any other switch resets the interval.
 
 The step model (:func:`.step_model.plan_step`) predicts; this gate measures.
 """
@@ -154,7 +156,7 @@ class StepGate:
 
     def _new_key(self, key: GateKey) -> _Bucket:
         """A new key: ``off`` where the nearest smaller bucket with a verdict for its mix is off (its
-        probes backed off at once), or, with none, where each domain of its mix is off alone there."""
+        probes backed off at once), or, with none, where each domain of its mix is off alone there (the same)."""
         at = self._at(key)
         bucket, mix = key
         smaller = [(b, other) for (b, m), other in self._buckets.items()
@@ -166,7 +168,7 @@ class StepGate:
         elif len(mix) > 1:
             alone = [self._buckets.get((bucket, frozenset({m}))) for m in mix]
             if all(one is not None and one.state == GateState.OFF for one in alone):
-                at.state, at.inherited = GateState.OFF, bucket
+                at.state, at.inherited, at.backoff = GateState.OFF, bucket, MAX_BACKOFF  # a probe runs every draft
         return at
 
     def _key(self, bucket: int) -> GateKey:

@@ -16,7 +16,7 @@ from accel_plugin.speculative.controller import DomainController
 from accel_plugin.speculative.domain_stats import DomainState
 from accel_plugin.speculative.draft_config.schema import ControllerConfig
 from accel_plugin.speculative.costs import measured_speedup
-from accel_plugin.speculative.step_gate import SETTLED, GateState, StepGate
+from accel_plugin.speculative.step_gate import MAX_BACKOFF, SETTLED, GateState, StepGate, probe_interval
 from accel_plugin.speculative.step_model import plan_step, step_speedup
 
 
@@ -323,6 +323,10 @@ def test_an_inherited_off_switches_on_only_past_the_hysteresis_as_any_off_key():
     measured((8, code), 0.8)
     measured((8, support), 0.8)
     assert g.begin(8, code | support) == "off"
+    # its probes start backed off, as a key that starts from a smaller bucket's off: every 512 steps at batch 8
+    interval = probe_interval(16, 8, MAX_BACKOFF)
+    later = [g.begin(8, code | support) for _ in range(interval - 1)]
+    assert later == ["off"] * (interval - 2) + ["probe"] and interval == 512
     measured((8, code | support), 1.02, pairs=4)
     assert g.state(8, code | support) == "off"
     measured((8, code | support), 1.2)
