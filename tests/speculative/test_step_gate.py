@@ -286,13 +286,18 @@ def test_a_larger_batch_starts_off_where_a_smaller_one_of_the_same_mix_lost():
     assert drafting_share(ks[-100:], "good") > 0.8
 
 
+def paired_cycles(g: StepGate, key, speedup: float, pairs: int = 3) -> None:
+    """``pairs`` plain and drafting cycles of 8 rows at ``key``, drafting at ``speedup`` x plain."""
+    for seconds, drafted in [(0.1, 0), (0.1 / speedup, 8)] * pairs:
+        g.begin(*key)
+        g.record_cycle(seconds, 8, 8, 8, drafted)
+
+
 def test_a_new_mix_starts_off_where_each_of_its_domains_alone_is_off_at_its_bucket():
     g = StepGate(ControllerConfig(gate_min_samples=2, gate_window=4))
 
-    def measured(key, speedup: float) -> None:  # paired cycles: drafting at speedup x plain
-        for seconds, drafted in [(0.1, 0), (0.1 / speedup, 8)] * 3:
-            g.begin(*key)
-            g.record_cycle(seconds, 8, 8, 8, drafted)
+    def measured(key, speedup: float) -> None:
+        paired_cycles(g, key, speedup)
 
     code, support, general = (frozenset({n}) for n in ("code", "support", "general"))
     measured((8, code), 0.8)
@@ -315,9 +320,7 @@ def test_an_inherited_off_switches_on_only_past_the_hysteresis_as_any_off_key():
     g = StepGate(ControllerConfig(gate_min_samples=2, gate_window=4))
 
     def measured(key, speedup: float, pairs: int = 3) -> None:
-        for seconds, drafted in [(0.1, 0), (0.1 / speedup, 8)] * pairs:
-            g.begin(*key)
-            g.record_cycle(seconds, 8, 8, 8, drafted)
+        paired_cycles(g, key, speedup, pairs)
 
     code, support = frozenset({"code"}), frozenset({"support"})
     measured((8, code), 0.8)
