@@ -124,6 +124,9 @@ class DemoPlan:
     timed: list[dict]
     #: the configuration never warmed up on the goal domain (``None``: none)
     poor: str | None
+    #: run once after the timed rounds, prompts one at a time, for their counters only:
+    #: every prompt of the goal domain's and the free-style set on ``tuned`` (their acceptance)
+    untimed: list[dict] = field(default_factory=list)
     #: peers asked for but not run -> why
     skipped_peers: dict[str, str] = field(default_factory=dict)
     #: prompt sets the family names whose file is absent
@@ -158,12 +161,16 @@ class DemoPlan:
                          "the first request")
         lines.append(f"  one engine per configuration, all alive at once; each timed generate runs on every engine "
                      f"in turn, {self.settings.repeats} time(s)")
+        lines += [f"  then, untimed, on {'/'.join(e['configs'])}: the {len(e['prompts'])} prompts of "
+                  f"{e['name'].split('|')[0]} one at a time (the acceptance of its drafts over the whole set)"
+                  for e in self.untimed]
         return lines
 
     def harness_arguments(self, progress: Callable[[str], None] | None = None) -> dict:
         """Keyword arguments of the harness, after ``(target, configs)``."""
         s = self.settings
         return {"attention_backend": self.attention_backend, "warmup": self.warmup, "timed": self.timed,
+                "untimed": self.untimed,
                 "max_tokens": s.max_tokens, "dtype": s.dtype, "repeats": s.repeats,
                 "num_speculative_tokens": NUM_SPECULATIVE_TOKENS, "ignore_eos": self.family.ignore_eos,
                 "max_model_len": self.family.max_model_len, "progress": progress}
@@ -192,7 +199,7 @@ def plan_demo(settings: DemoSettings, family: Family, target: Path, has_module=N
     tokenizer for a chat family, and the draft YAML files to route the prompts).
     ``has_module(name)``: whether a worker can import a peer's package (default:
     :func:`.peers.worker_has_module`)."""
-    from .compare import CONTROL
+    from .compare import CONTROL, FREE_SET
     from .family import (
         MIXED,
         as_model_input,
@@ -218,8 +225,13 @@ def plan_demo(settings: DemoSettings, family: Family, target: Path, has_module=N
     poor = "untuned" if "untuned" in configs else None
     warmup, timed = workload(prompts, settings.batch1_prompts, configs=list(configs),
                              goal_domain=family.goal_domain, poor_config=poor, mixed=settings.mixed)
+    # the free-style goal compares the goal domain's draft on two whole sets: the timed rows
+    # hold one prompt of each at batch 1, and at batch 8 its gate may be off
+    both = (family.goal_domain, FREE_SET)
+    untimed = ([{"name": f"{label}|accept", "prompts": prompts[label], "configs": ["tuned"]} for label in both]
+               if all(prompts.get(label) for label in both) else [])
     return DemoPlan(settings=settings, family=family, target=target, configs=configs, prompts=prompts,
-                    routes=routes, warmup=warmup, timed=timed, poor=poor, skipped_peers=skipped,
+                    routes=routes, warmup=warmup, timed=timed, poor=poor, untimed=untimed, skipped_peers=skipped,
                     missing_sets=family.missing_sets())
 
 

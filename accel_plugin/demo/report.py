@@ -102,6 +102,21 @@ def total_ratio(plain: dict, spec: dict) -> float | None:
     return tp / ts if ts > 0 and plain["generated"] == spec["generated"] else None
 
 
+def acceptance_pass(result: dict, route: dict[str, dict]) -> dict[str, dict]:
+    """Per prompt set of the untimed runs (:class:`.plan.DemoPlan` ``untimed``): its
+    prompts, the domains they were routed to, and per domain its draft model's
+    ``(drafted, accepted)`` (prompt lookups apart)."""
+    from ..speculative.lookup import entry_domain
+
+    out = {}
+    for run in result.get("untimed", []):
+        label = run["name"].split("|")[0]
+        out[label] = {"prompts": len(run["token_ids"]), "routed": route.get(label, {}).get("routed", []),
+                      "by_domain": {d: (v["drafted"], v["accepted"]) for d, v in sorted(run["delta"].items())
+                                    if entry_domain(d) == d and v["drafted"]}}
+    return out
+
+
 def _predicted(row_domains: dict) -> float | None:
     values = [d["expected_speedup"] for d in row_domains.values() if d.get("expected_speedup") is not None]
     return values[0] if len(values) == 1 else None
@@ -111,7 +126,7 @@ def build_report(results: dict[str, dict], routes: dict[str, dict], settings: di
                  peers: list[str] = ()) -> dict:
     """Everything the table, the verdicts and --json need, from the raw results;
     ``peers``: the configurations that are vLLM's own speculators (no routes)."""
-    from .compare import comparison, goals23
+    from .compare import OURS, comparison, goals23
 
     plain = summarise(results["plain"])
     configs = {}
@@ -147,6 +162,7 @@ def build_report(results: dict[str, dict], routes: dict[str, dict], settings: di
             "step_stats": next((r.get("step_stats") for r in reversed(result["runs"]) if r.get("step_stats")), None),
         }
     compared = comparison(configs, list(peers))
+    accepted = acceptance_pass(results.get(OURS, {}), routes.get(OURS, {}))
     return {
         "timing_spread": timing_spread(results),
         "settings": settings,
@@ -160,8 +176,9 @@ def build_report(results: dict[str, dict], routes: dict[str, dict], settings: di
         "goals": verdicts(configs, goal_domain, lossless_required=settings.get("dtype") == "float32"),
         "peers": list(peers),
         "comparison": compared,
+        "acceptance_pass": accepted,
         "goals23": goals23(compared, goal_domain, lossless_required=settings.get("dtype") == "float32",
-                           skipped=settings.get("skipped_peers")),
+                           skipped=settings.get("skipped_peers"), acceptance=accepted),
     }
 
 

@@ -146,12 +146,13 @@ class _Engine:
     def generate(self, prompts: list[str]) -> list:
         return self.llm.generate(prompts, self.params, use_tqdm=False)
 
-    def timed(self, name: str, prompts: list[str]) -> dict:
-        """One timed ``generate``: tokens, seconds, greedy ids, and what the proposer
-        did meanwhile (its steps, time, and per-domain counter deltas)."""
+    def timed(self, name: str, prompts: list[str], one_at_a_time: bool = False) -> dict:
+        """One timed ``generate`` (``one_at_a_time``: one per prompt, batch 1): tokens,
+        seconds, greedy ids, and what the proposer did meanwhile (its steps, time, and
+        per-domain counter deltas)."""
         before, (steps0, propose0) = self.stats() or {}, self._clock()
         t0 = time.perf_counter()
-        outputs = self.generate(prompts)
+        outputs = [o for p in prompts for o in self.generate([p])] if one_at_a_time else self.generate(prompts)
         seconds = time.perf_counter() - t0
         steps1, propose1 = self._clock()
         after = self.stats()
@@ -186,7 +187,7 @@ def serve(args: dict, stdin=None) -> int:
         command = json.loads(line) if line.strip() else {"quit": True}
         if command.get("quit"):
             break
-        _emit("RESULT", engine.timed(command["name"], command["prompts"]))
+        _emit("RESULT", engine.timed(command["name"], command["prompts"], bool(command.get("one_at_a_time"))))
     _emit("DONE", {"final": engine.stats(), "spec": _spec_counters(engine.llm) if engine.spec else {}})
     return 0
 
@@ -269,7 +270,7 @@ def _best(results: list[dict]) -> dict:
 
 def run_side_by_side(target: str | Path, configs: dict[str, str | Path | dict | None], *,
                      warmup: list[list[str]] | dict[str, list[list[str]]],
-                     timed: list[dict], repeats: int = 1, attention_backend: str = "",
+                     timed: list[dict], repeats: int = 1, untimed: list[dict] = (), attention_backend: str = "",
                      num_speculative_tokens: int = 5, timeout_s: float = 600, progress=None,
                      **engine_args: Any) -> dict[str, dict]:
     """One engine per entry of ``configs`` (name -> draft YAML for the domain
@@ -277,7 +278,9 @@ def run_side_by_side(target: str | Path, configs: dict[str, str | Path | dict | 
     "ngram", ...}``, or ``None`` for no speculation), each warmed up with ``warmup`` (one list of prompt batches for all,
     or one per configuration name); then every ``timed`` entry (``{"name": str,
     "prompts": [...]}``, optionally ``"configs": [names]`` to run it on those engines
-    only) on every engine in turn, ``repeats`` times. ``attention_backend`` is
+    only) on every engine in turn, ``repeats`` times; then every ``untimed`` entry (same
+    form) once, its prompts one at a time (batch 1), for the counters it leaves (e.g.
+    acceptance over a whole prompt set). ``attention_backend`` is
     ``ACCEL_ATTENTION_BACKEND`` for every engine; ``""`` leaves it unset: vLLM's own
     default backend.
 
@@ -286,7 +289,8 @@ def run_side_by_side(target: str | Path, configs: dict[str, str | Path | dict | 
     plugin's, from the worker's stderr) and ``runs``: per timed entry the fastest
     repeat (seconds, generated tokens, greedy ids) with ``seconds_all``, and the
     proposer's counters summed over the repeats (``delta``, ``propose_steps``,
-    ``propose_seconds``). ``progress(message)`` is called as work proceeds. Raises
+    ``propose_seconds``), and ``untimed``: per untimed entry run on it, its result
+    (``delta``, ``token_ids``, ...). ``progress(message)`` is called as work proceeds. Raises
     ``RuntimeError`` with a worker's output tail when one fails.
     """
     base_env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "ACCEL_ATTENTION_BACKEND": attention_backend,
@@ -329,6 +333,13 @@ def run_side_by_side(target: str | Path, configs: dict[str, str | Path | dict | 
                     workers[name].send({"name": entry["name"], "prompts": entry["prompts"]})
                     per_entry[name][i].append(workers[name].expect("RESULT"))
             progress(f"timed round {rep + 1}/{max(1, repeats)}: {time.perf_counter() - t0:.0f} s")
+        for entry in untimed:
+            t0 = time.perf_counter()
+            for name in [n for n in names if n in entry.get("configs", names)]:
+                workers[name].send({"name": entry["name"], "prompts": entry["prompts"], "one_at_a_time": True})
+                results[name].setdefault("untimed", []).append(workers[name].expect("RESULT"))
+            progress(f"untimed {entry['name']}: {len(entry['prompts'])} prompts one at a time, "
+                     f"{time.perf_counter() - t0:.0f} s")
         for name, worker in workers.items():
             worker.send({"quit": True})
             done = worker.expect("DONE")

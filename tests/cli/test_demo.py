@@ -144,6 +144,28 @@ def test_small_real_run(tmp_path, capsys, monkeypatch):
     assert all(r["control_ratio"] > 0 for r in compared.values()) and "control = a second plain engine" in text
 
 
+@pytest.mark.skipif(package_version("vllm") is None, reason="vLLM is not installed")
+def test_untimed_entries_run_once_after_the_rounds_prompt_by_prompt_on_their_engines(monkeypatch):
+    """Real vLLM, the toy family: an untimed entry runs once, on the engines it names, one prompt
+    at a time, and its proposer counters come back (what the free-style goal reads)."""
+    from accel_plugin.adapters.vllm.demo import run_side_by_side
+    from accel_plugin.demo.family import load_prompts
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    family = load_family(TOY)
+    support = load_prompts(family)["support"][:3]
+    results = run_side_by_side(TOY / family.target, {"plain": None, "tuned": family.config_path("tuned")},
+                               warmup=[], timed=[{"name": "support|8|0", "prompts": support}], repeats=2,
+                               untimed=[{"name": "support|accept", "prompts": support, "configs": ["tuned"]}],
+                               max_tokens=6, ignore_eos=True, timeout_s=300)
+    assert "untimed" not in results["plain"]
+    [run] = results["tuned"]["untimed"]
+    assert run["name"] == "support|accept" and run["generated"] == 18 and len(run["token_ids"]) == 3
+    assert run["delta"]["support"]["drafted"] > 0 and run["delta"]["support"]["steps"] > 0
+    # not timed: the timed runs are the rounds' alone
+    assert [len(r["seconds_all"]) for r in results["tuned"]["runs"]] == [2]
+
+
 def test_repeats_keep_the_fastest_run_and_sum_the_counters():
     from accel_plugin.adapters.vllm.demo import _best
 
@@ -185,17 +207,19 @@ def test_worker_protocol(monkeypatch):
         def facts(self):
             return {"attention_backends": ["X"], "parameters": 1}
 
-        def timed(self, name, prompts):
-            return {"name": name, "n": len(prompts)}
+        def timed(self, name, prompts, one_at_a_time=False):
+            return {"name": name, "n": len(prompts), "each": one_at_a_time}
 
     monkeypatch.setattr(worker, "_Engine", FakeEngine)
     lines = []
     monkeypatch.setattr(worker, "_emit", lambda kind, payload: lines.append((kind, payload)))
-    stdin = io.StringIO(json.dumps({"name": "a", "prompts": ["x", "y"]}) + "\n" + json.dumps({"quit": True}) + "\n"
-                        + json.dumps({"name": "never", "prompts": []}) + "\n")
+    stdin = io.StringIO("".join(json.dumps(c) + "\n" for c in (
+        {"name": "a", "prompts": ["x", "y"]}, {"name": "b", "prompts": ["x"], "one_at_a_time": True}, {"quit": True},
+        {"name": "never", "prompts": []})))
     assert worker.serve({"target": "t", "warmup": [["w"]]}, stdin=stdin) == 0
-    assert [k for k, _ in lines] == ["READY", "RESULT", "DONE"]
-    assert lines[1][1] == {"name": "a", "n": 2} and FakeEngine.warmed == [["w"]]
+    assert [k for k, _ in lines] == ["READY", "RESULT", "RESULT", "DONE"]
+    assert lines[1][1] == {"name": "a", "n": 2, "each": False} and FakeEngine.warmed == [["w"]]
+    assert lines[2][1] == {"name": "b", "n": 1, "each": True}
 
 
 @pytest.mark.skipif(package_version("vllm") is None, reason="vLLM is not installed")

@@ -76,3 +76,20 @@ def test_the_mixed_batch_takes_every_set_in_turn():
     _, timed = workload(prompts, 1, configs=["plain", "tuned", "untuned"], goal_domain="a", poor_config="untuned",
                         mixed=True)
     assert timed[-1] == {"name": "mixed|8|0", "prompts": mixed_batch(prompts), "configs": ["plain", "tuned"]}
+
+
+def test_the_plan_reads_acceptance_over_both_whole_support_sets_untimed_on_ours_only():
+    # the timed rows hold one prompt of each set at batch 1 (and the gate may be off at batch 8):
+    # the free-style goal needs the goal domain's draft over both whole sets
+    import dataclasses
+
+    from accel_plugin.demo.plan import DemoSettings, plan_demo
+
+    family = dataclasses.replace(load_family(default_models_dir()), chat=False)  # no tokenizer needed
+    plan = plan_demo(DemoSettings(peers=()), family, default_models_dir(), has_module=lambda name: False)
+    assert [(e["name"], len(e["prompts"]), e["configs"]) for e in plan.untimed] == [
+        ("support|accept", 24, ["tuned"]), ("support-free|accept", 24, ["tuned"])]
+    assert plan.harness_arguments()["untimed"] is plan.untimed
+    assert any("the 24 prompts of support-free one at a time" in line for line in plan.describe("x"))
+    toy = plan_demo(DemoSettings(peers=()), load_family(TOY), TOY / "models" / "target", has_module=lambda name: False)
+    assert toy.untimed == []  # no free-style set: nothing to compare

@@ -266,8 +266,41 @@ def test_free_style_acceptance_is_the_goal_domains_draft_pooled_by_draft_tokens(
             row("support-free", 8, {"support": (10, 10), "default": (0, 0)}, ["default", "support"])]
     goal = next(g for g in goals23(rows, "support") if "support-free acceptance" in g["goal"])
     assert goal["measured"] == pytest.approx(100 / 160 - 130 / 200) and goal["met"] is True
-    assert goal["detail"] == ("0.62 vs 0.65 (160 and 200 draft tokens); every draft of the rows 0.50 vs 0.65 "
-                              "(support-free routed to default+support)")
+    assert goal["detail"] == ("0.62 vs 0.65 (160 and 200 draft tokens; the timed rows, batch 1 and 8); every draft "
+                              "0.50 vs 0.65 (support-free routed to default+support)")
     rows[2]["by_domain"]["support"] = (150, 60)
     goal = next(g for g in goals23(rows, "support") if "support-free acceptance" in g["goal"])
     assert goal["measured"] == pytest.approx(70 / 160 - 0.65) and goal["met"] is False
+
+
+def test_free_style_acceptance_reads_the_untimed_pass_over_both_whole_sets():
+    from accel_plugin.demo.compare import goals23
+    from accel_plugin.demo.report import acceptance_pass
+
+    def untimed(label, delta, prompts=24):
+        return {"name": f"{label}|accept", "token_ids": [[1]] * prompts, "delta": delta}
+
+    tuned = {"untimed": [
+        untimed("support", {"support": {"steps": 90, "drafted": 400, "accepted": 240}}),
+        untimed("support-free", {"support": {"steps": 80, "drafted": 300, "accepted": 195},
+                                 "default": {"steps": 20, "drafted": 40, "accepted": 10},
+                                 "support/lookup": {"steps": 5, "drafted": 9, "accepted": 9},  # not a draft model
+                                 "code": {"steps": 0, "drafted": 0, "accepted": 0}})]}
+    routes = {"support-free": {"routed": ["default", "support"], "draft": "general/support"}}
+    passed = acceptance_pass(tuned, routes)
+    assert passed["support-free"] == {"prompts": 24, "routed": ["default", "support"],
+                                      "by_domain": {"default": (40, 10), "support": (300, 195)}}
+    # the timed rows say otherwise (one prompt each): the whole sets decide
+    rows = [{"domain": d, "batch": 1, "ours_ratio": 1.0, "never_slower": True, "best_peer": None, "lossless": True,
+             "peers": {}, "by_domain": {"support": (100, n)}, "routed": ["support"]} for d, n in
+            (("support", 65), ("support-free", 48))]
+    goal = next(g for g in goals23(rows, "support", acceptance=passed) if "support-free acceptance" in g["goal"])
+    assert goal["measured"] == pytest.approx(0.65 - 0.60) and goal["met"] is True
+    assert goal["detail"] == ("0.65 vs 0.60 (300 and 400 draft tokens; every prompt of each set (24 and 24) at batch 1, "
+                              "untimed); every draft 0.60 vs 0.60 (support-free routed to default+support)")
+    without = next(g for g in goals23(rows, "support") if "support-free acceptance" in g["goal"])
+    assert without["measured"] == pytest.approx(0.48 - 0.65) and without["met"] is False
+    # a pass over one set only cannot compare: the rows decide
+    only = next(g for g in goals23(rows, "support", acceptance={"support": passed["support"]})
+                if "support-free acceptance" in g["goal"])
+    assert only["measured"] == pytest.approx(0.48 - 0.65)
