@@ -3,13 +3,15 @@
     .venv/bin/python -m benchmarks.speculative_sweep                 # defaults below
     .venv/bin/python -m benchmarks.speculative_sweep --batches 1,8,32 --max-tokens 16 --set repeat
 
-Three engines of the `accel demo` harness (accel_plugin.adapters.vllm.demo.run_side_by_side,
-single-process vLLM CPU build, SmolLM2-135M-Instruct of demo_models/smollm2): plain
-decoding, ours (the family's drafts.yaml) and vLLM's own n-gram speculator (the
-`accel demo` ngram peer). One prompt set, at every batch size of --batches (its
+Four engines of the `accel demo` harness (accel_plugin.adapters.vllm.demo.run_side_by_side,
+single-process vLLM CPU build, SmolLM2-135M-Instruct of demo_models/smollm2), started in
+this order: a control (plain decoding again: the first engine started read 4-9% slower
+than later identical ones here, so the baseline is never the first), plain decoding,
+ours (the family's drafts.yaml) and vLLM's own n-gram speculator (the `accel demo`
+ngram peer). One prompt set, at every batch size of --batches (its
 prompts repeated where the set is smaller than the batch); each round runs every
 batch on every engine in turn, the first engine rotating; ratios are the median of
-the rounds' paired ratios. Printed per batch: plain tok/s, ours, ngram, both ratios,
+the rounds' paired ratios. Printed per batch: plain tok/s, ours, ngram, their ratios and the control's,
 and the controller's own view of that batch bucket (``DomainProposer.step_stats``:
 its gate, predicted and measured speedup), so the table shows where drafting stops
 paying and whether the controller follows.
@@ -22,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from accel_plugin.demo.compare import step_lines
+from accel_plugin.demo.compare import CONTROL, step_lines
 from accel_plugin.demo.family import as_model_input, default_models_dir, load_prompts
 from accel_plugin.demo.peers import PEERS
 from accel_plugin.demo.plan import open_family
@@ -73,6 +75,7 @@ def last_step_stats(results: dict[str, dict]) -> dict:
 def rows_from(results: dict[str, dict], batches: tuple[int, ...], step: dict | None = None) -> list[dict]:
     """One row per batch size; ``step``: our engine's step_stats (default: :func:`last_step_stats`)."""
     plain, ours, ngram = (summarise(results[n]) for n in ("plain", "ours", "ngram"))
+    control = summarise(results[CONTROL]) if CONTROL in results else None
     step = last_step_stats(results) if step is None else step
     rows = []
     for n in batches:
@@ -82,6 +85,7 @@ def rows_from(results: dict[str, dict], batches: tuple[int, ...], step: dict | N
                      "ours_tokens_per_s": ours[key]["tokens_per_s"], "ngram_tokens_per_s": ngram[key]["tokens_per_s"],
                      "ratio_ours": paired_ratio(plain[key], ours[key]),
                      "ratio_ngram": paired_ratio(plain[key], ngram[key]),
+                     "ratio_control": paired_ratio(plain[key], control[key]) if control else None,
                      "gate": s.get("gate"), "predicted": s.get("predicted_speedup"),
                      "measured": s.get("measured_speedup")})
     return rows
@@ -91,13 +95,14 @@ def render(rows: list[dict]) -> str:
     def f(v, spec):
         return "-" if v is None else format(v, spec)
 
-    head = (f"{'batch':>5} {'plain tok/s':>11} {'ours':>8} {'ngram':>8} {'ours x':>7} {'ngram x':>8}  "
+    head = (f"{'batch':>5} {'plain tok/s':>11} {'ours':>8} {'ngram':>8} {'ours x':>7} {'ngram x':>8} {'control':>8}  "
             f"{'gate':<7} {'pred':>5} {'meas':>5}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['batch']:>5} {r['plain_tokens_per_s']:>11.1f} {r['ours_tokens_per_s']:>8.1f} "
                      f"{r['ngram_tokens_per_s']:>8.1f} {f(r['ratio_ours'], '.2f') + 'x':>7} "
-                     f"{f(r['ratio_ngram'], '.2f') + 'x':>8}  {r['gate'] or '-':<7} {f(r['predicted'], '.2f'):>5} "
+                     f"{f(r['ratio_ngram'], '.2f') + 'x':>8} {f(r.get('ratio_control'), '.2f') + 'x':>8}  "
+                     f"{r['gate'] or '-':<7} {f(r['predicted'], '.2f'):>5} "
                      f"{f(r['measured'], '.2f'):>5}")
     return "\n".join(lines)
 
@@ -113,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     target = family.target_dir()
     prompts = as_model_input(sets[args.set], family, target)
     warmup, timed = workload(prompts, args.batches)
-    configs = {"plain": None, "ours": family.config_path("tuned"), "ngram": dict(PEERS["ngram"])}
+    configs = {CONTROL: None, "plain": None, "ours": family.config_path("tuned"), "ngram": dict(PEERS["ngram"])}
     most = max(args.batches)
     results = run_side_by_side(target, configs, warmup=warmup, timed=timed, repeats=args.rounds,
                                max_tokens=args.max_tokens, ignore_eos=family.ignore_eos,

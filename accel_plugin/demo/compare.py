@@ -6,11 +6,13 @@ median paired ratio to plain decoding). A row is "ahead of every peer" when ours
 the best peer's ratio - :data:`PEER_MARGIN`, "never slower" when ours >=
 :data:`NEVER_SLOWER` x plain.
 
-The control (:data:`CONTROL`) is a second plain engine with the same settings: its
-ratio to the first is what two identical engines read against each other on the same
-rows (on the 2-core CPU up to about 5% either way, the same sign round after round:
-a property of the engine process, not of the round). It is printed beside every row
-and its spread beside the never-slower goal; it changes no verdict.
+The control (:data:`CONTROL`) is a second plain engine with the same settings, started
+before every other engine: its ratio to plain is what two identical engines read
+against each other on the same rows (on the 2-core CPU up to about 5% either way, the
+same sign round after round: a property of the engine process, not of the round; the
+first engine started read 4-9% slower than later ones, so the baseline is never the
+first). It is printed beside every row and its spread beside the never-slower goal; it
+changes no verdict.
 """
 
 from __future__ import annotations
@@ -185,8 +187,9 @@ def render_comparison(rows: list[dict], peers: list[str], skipped: dict[str, str
     lines += [f"  {p}: not run ({why})" for p, why in skipped.items()]
     if control:
         low, high = control_spread(rows)
-        lines.append(f"  control = a second plain engine, same settings, against the first: {low:.2f}-{high:.2f}x "
-                     "over these rows (two identical engines: this machine's engine-to-engine spread)")
+        lines.append(f"  control = a second plain engine, same settings, started first of all, against plain: "
+                     f"{low:.2f}-{high:.2f}x over these rows (two identical engines: this machine's "
+                     "engine-to-engine spread)")
     return lines
 
 

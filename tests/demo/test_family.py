@@ -93,3 +93,7 @@ def test_the_plan_reads_acceptance_over_both_whole_support_sets_untimed_on_ours_
     assert any("the 24 prompts of support-free one at a time" in line for line in plan.describe("x"))
     toy = plan_demo(DemoSettings(peers=()), load_family(TOY), TOY / "models" / "target", has_module=lambda name: False)
     assert toy.untimed == []  # no free-style set: nothing to compare
+    # the first engine started read slower than later identical ones: the control starts first, not the baseline
+    assert list(plan.configs)[:3] == ["plain-again", "plain", "tuned"]
+    alone = plan_demo(DemoSettings(peers=(), control=False), load_family(TOY), TOY, has_module=lambda name: False)
+    assert list(alone.configs) == ["plain", "tuned", "untuned"]

@@ -193,7 +193,7 @@ def test_the_control_engine_is_printed_beside_every_row_and_changes_no_verdict()
     assert without["goals23"][0]["detail"] == "1/2 rows"
     assert all(r["control_ratio"] is None for r in without["comparison"])
     text = render(report, {"tuned": "TUNED"})
-    assert "control = a second plain engine, same settings, against the first: 0.94-1.04x" in text
+    assert "control = a second plain engine, same settings, started first of all, against plain: 0.94-1.04x" in text
     line = next(x for x in text.splitlines() if x.strip().startswith("support") and " 8 " in x and "ahead" in x)
     assert "0.95x   0.94x" in line  # ours, then the control
     assert "\nplain-again\n" not in text and "control =" not in render(without, {"tuned": "TUNED"})

@@ -40,5 +40,10 @@ def test_rows_show_where_drafting_stops_paying_and_the_gate():
     rows = sweep.rows_from(results, (1, 64))
     assert rows[0]["ratio_ours"] == pytest.approx(1.5) and rows[0]["gate"] == "on"
     assert rows[1]["ratio_ngram"] == pytest.approx(0.8) and rows[1]["gate"] == "off"
+    assert rows[0]["ratio_control"] is None  # no control engine in this run
     text = sweep.render(rows)
     assert "   64" in text and "0.99x" in text and "off" in text and "0.90" in text
+    results["plain-again"] = _config({1: 10.5, 64: 270.0})  # the control, started first
+    rows = sweep.rows_from(results, (1, 64))
+    assert [r["ratio_control"] for r in rows] == [pytest.approx(1.05), pytest.approx(0.9)]
+    assert "0.90x" in sweep.render(rows).splitlines()[3]
