@@ -25,7 +25,7 @@ tail too (rows that drafted finish unevenly): :mod:`.episodes` measures each suc
 factor* (kept at each key of its first bucket), and the gate reads a key's measured speedup
 times the median of its last 4 factors; a key with none borrows the median of its bucket's other
 keys' factors (a new mix of a bucket whose whole batches lose starts judged by them), 1 where
-the bucket has none. A whole batch that mostly drafted also gives its *whole speedup* (plain's
+the bucket has none. A whole batch that counts also gives its *whole speedup* (plain's
 time for its tokens over its measured time, everything included: the draft's prefill, catch-ups,
 the tail); one below ``min_speedup`` switches its on keys off at once, and where it is below the
 key's cycles times the tail factor, its factor is the whole speedup over the cycles' instead
@@ -212,7 +212,7 @@ class StepGate:
             self.record_episode(key, done[1], done[2])
 
     def record_episode(self, key: GateKey, factor: float, speedup: float | None = None) -> None:
-        """A whole batch began at ``key``: its tail ``factor`` and, where it mostly drafted, its whole ``speedup``
+        """A whole batch began at ``key``: its tail ``factor`` and, where known, its whole ``speedup``
         (below ``min_speedup``: an on key goes off at once; below the cycles times ``factor``: the factor)."""
         at = self._at(key)
         at.tails.append(min(1.0, factor))
