@@ -5,7 +5,7 @@
 
 Four engines of the `accel demo` harness (accel_plugin.adapters.vllm.demo.run_side_by_side,
 single-process vLLM CPU build, SmolLM2-135M-Instruct of demo_models/smollm2), started in
-this order: a control (plain decoding again: the first engine started read 4-9% slower
+this order: a control (plain decoding again: the first engine started read 3-10% slower
 than later identical ones here, so the baseline is never the first), plain decoding,
 ours (the family's drafts.yaml) and vLLM's own n-gram speculator (the `accel demo`
 ngram peer). One prompt set, at every batch size of --batches (its

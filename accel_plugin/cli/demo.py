@@ -71,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-control", action="store_true",
                         help="skip the second plain engine (the control, started first: what two identical engines "
                              "read against each other on the same rows, this machine's engine-to-engine spread); "
-                             "faster, but plain then starts first, and the first engine started read 3-9%% slower "
+                             "faster, but plain then starts first, and the first engine started read 3-10%% slower "
                              "than later ones on a 2-core CPU")
     parser.add_argument("--json", type=output_file_arg(".json", Path), metavar="PATH", help="also write every number to this JSON file")
 

@@ -10,7 +10,7 @@ The control (:data:`CONTROL`) is a second plain engine with the same settings, s
 before every other engine: its ratio to plain is what two identical engines read
 against each other on the same rows (on the 2-core CPU up to about 5% either way, the
 same sign round after round: a property of the engine process, not of the round; the
-first engine started read 4-9% slower than later ones, so the baseline is never the
+first engine started read 3-10% slower than later ones, so the baseline is never the
 first). It is printed beside every row and its spread beside the never-slower goal; it
 changes no verdict.
 """

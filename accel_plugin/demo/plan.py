@@ -210,7 +210,7 @@ def plan_demo(settings: DemoSettings, family: Family, target: Path, has_module=N
     )
     from .peers import peer_configs, worker_has_module
 
-    # the engines start in this order; the first one started read 4-9% slower than later
+    # the engines start in this order; the first one started read 3-10% slower than later
     # identical ones here (docs/speculative.md): the control takes that place, not the baseline
     configs: dict[str, Path | dict | None] = {CONTROL: None} if settings.control else {}
     configs.update({"plain": None, "tuned": family.config_path("tuned")})
