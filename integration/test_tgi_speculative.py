@@ -190,12 +190,14 @@ def test_tgi_own_attention_runs_with_the_max_k_workaround(tgi):
     assert "TGI's Seqlen.max_k workaround applied" in stderr
 
 
-def test_target_matrices_are_laid_out_only_while_speculating(tgi):
-    """adapters/tgi/packed_linears.py: the speculating runs multiply with the transposed layer
-    matrices and oneDNN's prepacked head, the plain ones with TGI's own (put back), and their
-    greedy ids agree."""
+def test_target_matrices_have_prepacked_copies_only_while_speculating(tgi):
+    """adapters/tgi/packed_linears.py: the speculating runs multiply multi-row products with
+    oneDNN-prepacked copies of the matrices, the plain ones with TGI's own only (the copies
+    dropped), and their greedy ids agree."""
     result, stderr = tgi("own")
-    assert re.search(r"\d+ target matrices transposed, 1 \(the LM head\) prepacked for oneDNN", stderr)
+    assert re.search(r"\d+ target matrices with a oneDNN-prepacked copy for multi-row verification \(\+\d+ MiB "
+                     r"host memory; TGI's F.linear kept for layers up to \d+ rows?, head up to \d+ rows?, measured",
+                     stderr)
     runs = _tiny(result)["runs"]
     assert runs["spec@tiny"]["packed"] and runs["spec+join@tiny"]["packed"] and not runs["plain"]["packed"]
     assert runs["spec@tiny"]["ids"] == runs["plain"]["ids"]

@@ -138,7 +138,7 @@ class TGIDraftSpeculation:
         #: request id -> tokens the proposer saw at the last call: the next reads only those after
         self._seen: dict[int, int] = {}
         self._last_k: dict[int, int] = {}  #: request id -> real drafts of the last step
-        #: the target's laid-out matrices (:mod:`.packed_linears`), undone by ``speculative.detach``
+        #: the target's prepacked copies (:mod:`.packed_linears`), dropped by ``speculative.detach``
         self.packing = None
 
     # ------------------------------------------------------------------ steps

@@ -1,115 +1,116 @@
-"""The target's matrices laid out for multi-row products while our drafts speculate in TGI (CPU, float32).
+"""A oneDNN-prepacked copy of the target's matrices for multi-row products while our drafts speculate in TGI (CPU, float32).
 
 Why: TGI's ``FastLinear`` calls ``F.linear``. On a CPU, torch multiplies one row (a
 plain decode step at batch 1) with a matrix-vector kernel, and several rows with a
-general product that repacks the whole ``[out, in]`` weight matrix on every call.
-So verifying k draft tokens at batch 1 made TGI's step much longer than a plain one
-(on the first 2-core machine, 2026-12-04, one thread, SmolLM2-135M's 30 layers and
-head: 42 ms for one row, 73 ms for two, 95 ms for three), which no draft's acceptance
-pays for.
+general product that repacks the whole weight matrix on every call. Verifying k draft
+tokens at batch 1 multiplies k + 1 rows per request: with ``F.linear`` alone that step
+cost far more than a plain one (on the first 2-core machine, 2026-12-04, one thread,
+SmolLM2-135M's 30 layers and head: 42 ms for one row, 73 ms for two, 95 ms for three),
+which no draft's acceptance pays for. oneDNN's prepacked float32 product (what torch's
+inductor uses for frozen CPU linears, and our drafts since 2026-12-03) took 37, 37 and
+42 ms there.
 
-Two layouts, measured on the rebuilt 2-core machine with TGI's torch 2.7, one thread,
-the products of SmolLM2-135M's 30 layers and head per step (2026-12-05, ``docs/tgi.md``):
+Which product wins depends on the machine and the row count. On the rebuilt 2-core
+machine (2026-12-05, TGI's torch 2.7 with IPEX, one thread, SmolLM2-135M's 120 layer
+matrices, 30 distinct layers so that the weights stream from memory as in a step):
 
-| rows | TGI's ``F.linear`` | all oneDNN-prepacked | layers transposed, head prepacked |
-|---|---|---|---|
-| 1 | 20.1 ms | 25.7 ms | 20.3 ms |
-| 4 | 38.6 ms | 26.6 ms | 22.4 ms |
-| 8 | 62.5 ms | 30.7 ms | 29.0 ms |
-| 32 | 83.7 ms | 67.1 ms | 62.2 ms |
+| rows | 1 | 2 | 3 | 4 | 8 | 16 |
+|---|---|---|---|---|---|---|
+| ``F.linear`` | 32.2 ms | 37.9 | 40.2 | 60.3 | 80.9 | 76.0 |
+| prepacked | 40.9 ms | 42.1 | 40.9 | 44.3 | 51.1 | 61.2 |
 
-* the layers' matrices (``[out, in]`` with ``out`` a few times ``in`` at most) are
-  stored transposed, ``[in, out]`` contiguous, and multiplied with ``x @ W.T`` as a
-  plain row-major product: as fast as TGI's matrix-vector kernel at one row (a plain
-  step costs what it did) and as fast as oneDNN's prepacked product at several;
-* the LM head (``vocab x hidden``, the widest) is prepacked for oneDNN (what torch's
-  inductor uses for frozen CPU linears, and our drafts since 2026-12-03): from three
-  rows on it is about twice as fast as either, at one row 1-2 ms slower.
+Replacing the matrices by prepacked ones (this module until 2026-12-05) therefore made
+every step of one row 20% slower there: a TGI engine with our proposer read 0.86-0.87x
+of TGI's own at batch 1 whenever nothing was drafted. So each ``FastLinear`` keeps its
+matrix and gets a prepacked copy beside it, and a ``forward`` that multiplies
+``F.linear``'s way up to :attr:`PackedLinears.dense_rows` rows and with the prepacked
+copy above. ``dense_rows`` is measured at start-up (:func:`dense_rows`: both products
+over the model's matrices, cold, 1 to :data:`PROBE_ROWS` rows, the median of three),
+once for the layers and once for the LM head (the widest matrix; it prefers the
+prepacked product sooner).
 
-Prepacking everything (this module until 2026-12-05) made a plain step at batch 1 read
-0.86-0.87x of TGI's own on the rebuilt machine, the packed head's one-row cost and the
-small layer matrices' (a step drafts nothing whenever the controller has drafting off).
+The cost: the prepacked copies double the target matrices' host memory while
+speculation is attached (the start-up line says how much). :meth:`PackedLinears.undo`
+(run by ``detach``, and so by ``uninstall()``) drops the copies and restores TGI's
+``forward``; TGI's matrices are never touched.
 
-What it changes, per model, while :func:`accel_plugin.adapters.tgi.speculative.attach`
-has our proposer on it: every ``FastLinear`` of the target gets its weight in one of
-the layouts (the dense one is freed: no extra memory) and a ``forward`` of its own that
-multiplies with it. ``.weight`` is gone meanwhile, so anything that reads it fails
-loudly instead of reading another layout. :meth:`PackedLinears.undo` (run by
-``detach``, and so by ``uninstall()``) puts each matrix back exactly (a transpose, or
-a product with the identity, bit for bit) and restores TGI's ``forward``.
-
-Where it does not apply (a GPU, a dtype other than float32, tensor parallelism),
-nothing changes and the start-up line says why; a torch without oneDNN's prepacked
-product (or one whose probe disagrees with ``F.linear``) leaves the head as TGI has it.
+Where it does not apply (a GPU, a dtype other than float32, tensor parallelism, a
+torch without oneDNN, or a probe product that disagrees with ``F.linear``), nothing
+changes and the start-up line says why.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
-__all__ = ["PackedLinears", "pack_target"]
+__all__ = ["PROBE_ROWS", "PackedLinears", "dense_rows", "pack_target"]
 
-_UNPACK_ROWS = 1024  # identity rows per product when unpacking (bounds the temporary)
-_PACKED, _TRANSPOSED = "_accel_packed_weight", "_accel_weight_t"  # where a module keeps its matrix
+#: row counts the start-up measurement compares the two products at (1..PROBE_ROWS)
+PROBE_ROWS = 8
+_PROBE_BYTES = 256 << 20  # the layers' matrices measured: a prefix of at least this many bytes (cold)
+_PACKED = "_accel_packed_weight"
 
 
 @dataclass
 class PackedLinears:
-    """The ``FastLinear`` modules of one model in our layouts, and how to put them back."""
+    """The ``FastLinear`` modules of one model with prepacked copies, and how to take them off."""
 
     modules: list = field(default_factory=list)
-    reason: str = ""  #: why nothing was changed ("" when something was)
-    linear: Callable | None = None  #: the product with a prepacked matrix (``packed_linear``'s)
-    head_note: str = ""  #: why the head was not prepacked ("" when it was, or there is none)
+    reason: str = ""  #: why nothing was packed ("" when something was)
+    dense_rows: dict = field(default_factory=dict)  #: "layers"/"head" -> rows still multiplied by F.linear
+    packed_bytes: int = 0
 
     def undo(self) -> None:
         for module in self.modules:
+            module.__dict__.pop(_PACKED, None)
             module.__dict__.pop("forward", None)
-            if _PACKED in module.__dict__:
-                dense = _unpack(module.__dict__.pop(_PACKED), self.linear)
-            else:
-                dense = module.__dict__.pop(_TRANSPOSED).t().contiguous()
-            module.weight = torch.nn.Parameter(dense, requires_grad=False)
         self.modules = []
 
     def describe(self) -> str:
         if not self.modules:
             return f"target matrices left as TGI has them ({self.reason})"
-        packed = sum(_PACKED in m.__dict__ for m in self.modules)
-        head = (f", {packed} (the LM head) prepacked for oneDNN" if packed else
-                f", the LM head as TGI has it ({self.head_note})" if self.head_note else "")
-        return (f"{len(self.modules) - packed} target matrices transposed{head} (multi-row verification at "
-                f"about the cost of one row; undone when speculation detaches)")
+        rows = ", ".join(f"{name} up to {n} row{'s' * (n != 1)}" for name, n in self.dense_rows.items())
+        return (f"{len(self.modules)} target matrices with a oneDNN-prepacked copy for multi-row verification "
+                f"(+{self.packed_bytes / 2**20:.0f} MiB host memory; TGI's F.linear kept for {rows}, measured; "
+                f"dropped when speculation detaches)")
 
 
-def _unpack(packed: torch.Tensor, linear: Callable) -> torch.Tensor:
-    """The dense ``[out, in]`` matrix of ``packed``: ``I @ W.T``, transposed, exact in float32."""
-    in_features = packed.shape[1]
-    parts = []
-    for start in range(0, in_features, _UNPACK_ROWS):
-        rows = min(_UNPACK_ROWS, in_features - start)
-        eye = torch.zeros(rows, in_features, dtype=torch.float32)  # rows start.. of the identity
-        eye[:, start:start + rows] = torch.eye(rows, dtype=torch.float32)
-        parts.append(linear(eye, packed, None))  # rows start.. of W.T
-    return torch.cat(parts).t().contiguous()
-
-
-def _packed_forward(module, linear):
+def _forward(module, linear: Callable, rows_dense: int):
     def forward(input: torch.Tensor) -> torch.Tensor:
-        return linear(input, module._accel_packed_weight, module.bias)
+        if input.numel() <= rows_dense * input.shape[-1]:
+            return F.linear(input, module.weight, module.bias)
+        return linear(input, module.__dict__[_PACKED], module.bias)
 
     return forward
 
 
-def _transposed_forward(module):
-    def forward(input: torch.Tensor) -> torch.Tensor:
-        out = input.matmul(module._accel_weight_t)
-        return out if module.bias is None else out.add_(module.bias)
+def _pass_ms(pairs, rows: int, use_packed: bool, linear: Callable) -> float:
+    """One product of ``rows`` rows with every matrix of ``pairs`` (cold: each matrix once)."""
+    xs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w, _ in pairs}
+    start = time.perf_counter()
+    for weight, packed in pairs:
+        x = xs[weight.shape[1]]
+        linear(x, packed, None) if use_packed else F.linear(x, weight)
+    return (time.perf_counter() - start) * 1e3
 
-    return forward
+
+def dense_rows(pairs, linear: Callable, *, timer: Callable = _pass_ms, repeats: int = 3) -> int:
+    """The most rows up to which ``F.linear`` is at least as fast as the prepacked product at
+    every row count, over ``pairs`` of (matrix, prepacked copy): 0 when the prepacked one wins
+    at one row, :data:`PROBE_ROWS` when ``F.linear`` never loses up to there."""
+    timer(pairs, 1, False, linear), timer(pairs, 1, True, linear)  # warm-up: first calls allocate
+    for rows in range(1, PROBE_ROWS + 1):
+        t_dense = statistics.median(timer(pairs, rows, False, linear) for _ in range(repeats))
+        t_packed = statistics.median(timer(pairs, rows, True, linear) for _ in range(repeats))
+        if t_packed < t_dense:
+            return rows - 1
+    return PROBE_ROWS
 
 
 def _why_not(model) -> str | None:
@@ -124,37 +125,46 @@ def _why_not(model) -> str | None:
     return None
 
 
-def pack_target(model) -> PackedLinears:
-    """Lay out every ``FastLinear`` of TGI ``model`` (a ``FlashCausalLM``) where it applies: the
-    LM head (the ``FastLinear`` under ``model.model.lm_head``) prepacked, the others transposed."""
+def pack_target(model, *, timer: Callable = _pass_ms) -> PackedLinears:
+    """Give every ``FastLinear`` of TGI ``model`` (a ``FlashCausalLM``) a prepacked copy where it
+    applies; the LM head is the one under ``model.model.lm_head``."""
     from accel_plugin.speculative.llama import packed_linear
 
     why = _why_not(model)
     if why is not None:
         return PackedLinears(reason=why)
+    ops = packed_linear(torch.float32, torch.device("cpu"))
+    if ops is None:
+        return PackedLinears(reason="oneDNN's prepacked product is not available or disagrees with F.linear here")
+    pack, linear = ops
     try:
         from text_generation_server.layers.linear import FastLinear
-    except ImportError:  # a TGI without it: nothing to lay out
+    except ImportError:  # a TGI without it: nothing to pack
         return PackedLinears(reason="TGI has no text_generation_server.layers.linear.FastLinear")
     head = getattr(model.model, "lm_head", None)
     head_ids = {id(m) for m in head.modules()} if isinstance(head, torch.nn.Module) else set()
-    ops = packed_linear(torch.float32, torch.device("cpu"))
-    result = PackedLinears(linear=ops[1] if ops is not None else None)
+    groups: dict[str, list] = {"layers": [], "head": []}
     for module in model.model.modules():
-        if type(module) is not FastLinear or module.weight.dim() != 2 or module.weight.device.type != "cpu":
+        if type(module) is FastLinear and module.weight.dim() == 2 and module.weight.device.type == "cpu":
+            groups["head" if id(module) in head_ids else "layers"].append(module)
+    result = PackedLinears()
+    for name, modules in groups.items():
+        if not modules:
             continue
-        weight = module.weight.detach()
-        if id(module) in head_ids:
-            if ops is None:
-                result.head_note = "oneDNN's prepacked product is not available or disagrees with F.linear here"
-                continue
-            setattr(module, _PACKED, ops[0](weight))
-            module.forward = _packed_forward(module, ops[1])
-        else:
-            setattr(module, _TRANSPOSED, weight.t().contiguous())
-            module.forward = _transposed_forward(module)
-        del module.weight  # the dense matrix is freed; .weight reads now fail loudly
-        result.modules.append(module)
+        pairs = [(m.weight.detach(), pack(m.weight.detach())) for m in modules]
+        probe, size = [], 0
+        for pair in pairs:  # a prefix big enough to stream from memory, as in a step
+            probe.append(pair)
+            size += pair[0].numel() * pair[0].element_size()
+            if size >= _PROBE_BYTES:
+                break
+        with torch.no_grad():
+            result.dense_rows[name] = rows = dense_rows(probe, linear, timer=timer)
+        for module, (weight, packed) in zip(modules, pairs):
+            module.__dict__[_PACKED] = packed
+            module.forward = _forward(module, linear, rows)
+            result.modules.append(module)
+            result.packed_bytes += weight.numel() * weight.element_size()
     if not result.modules:
         result.reason = "no FastLinear in the model"
     return result

@@ -9,10 +9,10 @@ the model attaches its domain proposer when it is built, as in a server. Runs:
 * ``plain``: ``set_speculate(0)``: TGI without speculation (the reference);
 * ``spec``: ``set_speculate(N)`` with the domain proposer;
 * ``ngram``: ``set_speculate(N)`` with the proposer disabled: TGI's own n-gram;
-* ``plain`` and ``ngram`` run TGI's own matrices: the model's laid-out ones
-  (:mod:`accel_plugin.adapters.tgi.packed_linears`, ours while it speculates: the layers
-  transposed, the head prepacked) are put back for them and laid out again for ``spec``;
-  ``+packed`` keeps them laid out (``plain+packed``: what the layout alone is worth);
+* ``plain`` and ``ngram`` run TGI's own matrices only: the model's prepacked copies
+  (:mod:`accel_plugin.adapters.tgi.packed_linears`, ours while it speculates: multi-row
+  products) are dropped for them and made again for ``spec``; ``+packed`` keeps them
+  (``plain+packed``: what the copies alone are worth);
 * ``+join``: the second half of the prompts arrives after two steps, as TGI's
   router adds requests: prefilled alone, then ``concatenate``d with the running batch;
 * ``@name1/name2`` limits a run to those models.
@@ -236,7 +236,7 @@ def counters(model):
 
 
 def set_packing(model, on: bool) -> None:
-    """The model's target matrices laid out as ours (layers transposed, head prepacked) or TGI's own."""
+    """The model's target matrices with our prepacked copies (multi-row products) or TGI's own only."""
     spec = speculative.of(model)
     if spec is None:
         return

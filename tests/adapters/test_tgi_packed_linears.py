@@ -56,44 +56,59 @@ def model(dtype=torch.float32, world_size=1):
     return types.SimpleNamespace(model=layers, device=torch.device("cpu"), dtype=dtype, world_size=world_size)
 
 
-def test_laid_out_products_match_f_linear_and_undo_restores_tgi_exactly(fake_linear_module):
+def fixed_rows(n):
+    """A timer under which F.linear wins up to ``n`` rows and the prepacked product above
+    (the products themselves run, as the real timer runs them)."""
+    def timer(pairs, rows, use_packed, linear):
+        packed_linears._pass_ms(pairs, rows, use_packed, linear)
+        return (1.0 if rows <= n else 2.0) if not use_packed else 1.5
+    return timer
+
+
+def test_copies_products_match_and_undo_restores_tgi(fake_linear_module):
     target = model()
-    dense = [m.weight.detach().clone() for m in target.model.linears()]
+    dense = [m.weight for m in target.model.linears()]
     x = torch.randn(7, 64, generator=torch.Generator().manual_seed(1))
     expected = target.model(x)
-    packing = packed_linears.pack_target(target)
-    assert len(packing.modules) == 3
-    assert "2 target matrices transposed, 1 (the LM head) prepacked for oneDNN" in packing.describe()
-    head = target.model.lm_head[0]
-    assert "_accel_packed_weight" in head.__dict__ and "_accel_weight_t" not in head.__dict__
-    for m, before in zip((target.model.layers[0], target.model.layers[2]), dense):
-        assert torch.equal(m.__dict__["_accel_weight_t"], before.t()) and m._accel_weight_t.is_contiguous()
-        assert "_accel_packed_weight" not in m.__dict__
-    for m in packing.modules:
-        assert "weight" not in m._parameters and "forward" in m.__dict__
-        with pytest.raises(AttributeError):
-            m.weight  # noqa: B018  (a read of the laid-out matrix fails loudly)
-    for rows in (1, 2, 3, 7):
-        torch.testing.assert_close(target.model(x[:rows]), expected[:rows], rtol=1e-4, atol=1e-3)  # float32 sums in another order
+    packing = packed_linears.pack_target(target, timer=fixed_rows(2))
+    assert len(packing.modules) == 3 and packing.dense_rows == {"layers": 2, "head": 2}
+    assert "3 target matrices with a oneDNN-prepacked copy" in packing.describe()
+    assert "F.linear kept for layers up to 2 rows, head up to 2 rows" in packing.describe()
+    assert packing.packed_bytes == sum(w.numel() * 4 for w in dense)
+    for m, before in zip(target.model.linears(), dense):
+        assert m.weight is before and "_accel_packed_weight" in m.__dict__ and "forward" in m.__dict__
+    for rows in (1, 2, 3, 7):  # F.linear's rows and the prepacked copy's
+        torch.testing.assert_close(target.model(x[:rows]), expected[:rows], rtol=1e-4, atol=1e-3)
     packing.undo()
     assert packing.modules == []
     for m, before in zip(target.model.linears(), dense):
-        assert torch.equal(m.weight, before) and "forward" not in m.__dict__ and not m.weight.requires_grad
-        assert m.weight.is_contiguous() and set(m.__dict__) & {"_accel_weight_t", "_accel_packed_weight"} == set()
+        assert m.weight is before and not set(m.__dict__) & {"_accel_packed_weight", "forward"}
     assert torch.equal(target.model(x), expected)  # TGI's own F.linear again, bit for bit
 
 
-def test_without_onednn_the_head_stays_as_tgi_has_it(fake_linear_module, monkeypatch):
-    monkeypatch.setattr("accel_plugin.speculative.llama.packed_linear", lambda dtype, device: None)
+def test_each_row_count_takes_the_product_measured_faster(fake_linear_module, monkeypatch):
+    calls = []
+    real = F.linear
+    monkeypatch.setattr(packed_linears.F, "linear", lambda *a: calls.append(a[0].shape[0]) or real(*a))
     target = model()
-    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
-    expected = target.model(x)
-    packing = packed_linears.pack_target(target)
-    assert len(packing.modules) == 2 and "weight" in target.model.lm_head[0]._parameters
-    assert "the LM head as TGI has it (oneDNN's prepacked product is not available" in packing.describe()
-    torch.testing.assert_close(target.model(x), expected, rtol=1e-4, atol=1e-3)  # float32 sums in another order
+    packing = packed_linears.pack_target(target, timer=fixed_rows(3))
+    calls.clear()
+    for rows in (1, 3, 4, 6):
+        target.model(torch.randn(rows, 64))
+    assert calls == [1, 1, 1, 3, 3, 3]  # three matrices at 1 and 3 rows; 4 and 6 rows prepacked
     packing.undo()
-    assert torch.equal(target.model(x), expected)
+
+
+@pytest.mark.parametrize("table, expected", [
+    ({1: (1, 2), 2: (2, 2), 3: (3, 2)}, 2),  # F.linear ties at 2 rows (kept), loses at 3
+    ({1: (2, 1)}, 0),  # the prepacked product wins at one row already
+    ({r: (1, 2) for r in range(1, packed_linears.PROBE_ROWS + 1)}, packed_linears.PROBE_ROWS),
+])
+def test_dense_rows_is_the_last_row_count_where_f_linear_is_not_slower(table, expected):
+    def timer(_pairs, rows, use_packed, _linear):
+        dense, packed = table.get(rows, (2, 1))
+        return packed if use_packed else dense
+    assert packed_linears.dense_rows([], None, timer=timer) == expected
 
 
 @pytest.mark.parametrize("kwargs, reason", [({"dtype": torch.bfloat16}, "not float32"),
