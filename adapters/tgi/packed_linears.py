@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-__all__ = ["PROBE_ROWS", "PackedLinears", "dense_rows", "pack_target"]
+__all__ = ["PROBE_ROWS", "PackedLinears", "dense_rows", "pack_target", "pass_ms"]
 
 #: row counts the start-up measurement compares the two products at (1..PROBE_ROWS)
 PROBE_ROWS = 8
@@ -90,7 +90,7 @@ def _forward(module, linear: Callable, rows_dense: int):
     return forward
 
 
-def _pass_ms(pairs, rows: int, use_packed: bool, linear: Callable) -> float:
+def pass_ms(pairs, rows: int, use_packed: bool, linear: Callable) -> float:
     """One product of ``rows`` rows with every matrix of ``pairs`` (cold: each matrix once)."""
     xs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w, _ in pairs}
     start = time.perf_counter()
@@ -100,7 +100,7 @@ def _pass_ms(pairs, rows: int, use_packed: bool, linear: Callable) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def dense_rows(pairs, linear: Callable, *, timer: Callable = _pass_ms, repeats: int = 3) -> int:
+def dense_rows(pairs, linear: Callable, *, timer: Callable = pass_ms, repeats: int = 3) -> int:
     """The most rows up to which ``F.linear`` is at least as fast as the prepacked product at
     every row count, over ``pairs`` of (matrix, prepacked copy): 0 when the prepacked one wins
     at one row, :data:`PROBE_ROWS` when ``F.linear`` never loses up to there."""
@@ -125,7 +125,7 @@ def _why_not(model) -> str | None:
     return None
 
 
-def pack_target(model, *, timer: Callable = _pass_ms) -> PackedLinears:
+def pack_target(model, *, timer: Callable = pass_ms) -> PackedLinears:
     """Give every ``FastLinear`` of TGI ``model`` (a ``FlashCausalLM``) a prepacked copy where it
     applies; the LM head is the one under ``model.model.lm_head``."""
     from accel_plugin.speculative.llama import packed_linear

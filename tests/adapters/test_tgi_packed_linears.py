@@ -5,8 +5,12 @@ laid-out matrices; the speculating runs, laid out, give the plain runs' ids, put
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,7 +64,7 @@ def fixed_rows(n):
     """A timer under which F.linear wins up to ``n`` rows and the prepacked product above
     (the products themselves run, as the real timer runs them)."""
     def timer(pairs, rows, use_packed, linear):
-        packed_linears._pass_ms(pairs, rows, use_packed, linear)
+        packed_linears.pass_ms(pairs, rows, use_packed, linear)
         return (1.0 if rows <= n else 2.0) if not use_packed else 1.5
     return timer
 
@@ -124,3 +128,18 @@ def test_without_tgi_fastlinear_nothing_is_packed(monkeypatch):
     monkeypatch.setitem(sys.modules, "text_generation_server.layers.linear", None)
     packing = packed_linears.pack_target(model())
     assert packing.modules == [] and "FastLinear" in packing.reason
+
+
+def test_the_benchmark_prints_both_products_per_row_count_and_the_pick(tmp_path):
+    """``benchmarks/target_linears.py`` (what the start-up measurement decides, in full) on a small config."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+                                  "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 500}))
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.target_linears", "--config", str(config),
+                           "--rows", "1", "5", "--repeats", "1"], cwd=root, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "8 layer matrices and a 500x64 head" in proc.stdout
+    rows = [line for line in proc.stdout.splitlines() if re.match(r"\| [15] \|( [\d.]+ \|){4}$", line)]
+    assert len(rows) == 2, proc.stdout
+    assert re.search(r"keeps F.linear up to: \{'layers': \d, 'head': \d\} rows", proc.stdout)

@@ -1,0 +1,81 @@
+"""Benchmark: TGI's ``F.linear`` against oneDNN-prepacked copies, per row count, for a target's matrices.
+
+    ~/.cache/accel-plugin/venvs/tgi-3.3.7/bin/python benchmarks/target_linears.py   # TGI's torch, with IPEX
+    .venv/bin/python -m benchmarks.target_linears --rows 1 2 4 8
+
+What :mod:`accel_plugin.adapters.tgi.packed_linears` decides at start-up, shown in full:
+the products of one decode step of the target (random matrices of its shapes, from its
+``config.json``: per layer the fused q/k/v, o, fused gate/up and down matrices, as TGI
+holds them, then the LM head), each layer's matrices distinct so that the weights
+stream from memory as in a real step, at each row count (a batch of ``b`` requests
+verifying ``k`` drafts multiplies ``b (k + 1)`` rows), with ``F.linear`` (TGI's
+``FastLinear``) and with the prepacked copy. Median of ``--repeats`` passes, ms per
+step; then the row counts up to which the start-up measurement
+(:func:`~accel_plugin.adapters.tgi.packed_linears.dense_rows`) keeps ``F.linear``.
+Threads: ``--threads`` (default 1, what ``benchmarks/tgi_speculative.py`` gives TGI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+
+def _shapes(config: dict) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    heads = config["num_attention_heads"]
+    kv = config.get("num_key_value_heads", heads)
+    head_dim = config.get("head_dim", hidden // heads)
+    layer = [((heads + 2 * kv) * head_dim, hidden), (hidden, heads * head_dim), (2 * inter, hidden), (hidden, inter)]
+    return layer * config["num_hidden_layers"], (config["vocab_size"], hidden)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, default=None, help="the target's config.json (default: SmolLM2's)")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8, 16, 32])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    if importlib.util.find_spec("intel_extension_for_pytorch") is not None:
+        import intel_extension_for_pytorch  # noqa: F401  (TGI's CPU process has it loaded)
+    from accel_plugin.adapters.tgi import packed_linears
+    from accel_plugin.speculative.llama import packed_linear
+
+    torch.set_num_threads(args.threads)
+    ops = packed_linear(torch.float32, torch.device("cpu"))
+    if ops is None:
+        raise SystemExit("this torch has no oneDNN prepacked product (or it disagrees with F.linear): nothing to compare")
+    pack, linear = ops
+    if args.config is None:
+        from accel_plugin.models import store as model_store
+        args.config = model_store.cached_path("smollm2") / "config.json"
+    layer_shapes, head_shape = _shapes(json.loads(args.config.read_text()))
+    gen = torch.Generator().manual_seed(0)
+    groups = {}
+    for name, shapes in (("layers", layer_shapes), ("head", [head_shape])):
+        weights = [torch.randn(*shape, generator=gen) * 0.02 for shape in shapes]
+        groups[name] = [(w, pack(w)) for w in weights]
+    print(f"torch {torch.__version__}, {args.threads} thread(s), {len(layer_shapes)} layer matrices and a "
+          f"{head_shape[0]}x{head_shape[1]} head from {args.config}; ms per step, median of {args.repeats}")
+    print("\n| rows | layers F.linear | layers prepacked | head F.linear | head prepacked |\n|---|---|---|---|---|")
+    with torch.no_grad():
+        for rows in args.rows:
+            cells = []
+            for pairs in groups.values():
+                for use_packed in (False, True):
+                    packed_linears.pass_ms(pairs, rows, use_packed, linear)  # warm-up
+                    runs = [packed_linears.pass_ms(pairs, rows, use_packed, linear) for _ in range(args.repeats)]
+                    cells.append(f"{statistics.median(runs):.1f}")
+            print(f"| {rows} | " + " | ".join(cells) + " |", flush=True)
+        picked = {name: packed_linears.dense_rows(pairs, linear) for name, pairs in groups.items()}
+    print(f"\nthe start-up measurement keeps F.linear up to: {picked} rows (of {packed_linears.PROBE_ROWS} measured)")
+
+
+if __name__ == "__main__":
+    main()
