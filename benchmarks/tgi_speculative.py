@@ -8,8 +8,9 @@ Runs TGI v3.3.7 in its own environment (``$ACCEL_TGI_PYTHON``, default
 integration/scripts/tgi_spec_generate.py: ``FlashCausalLM`` loaded once per batch
 size, driven as TGI's router drives it (prefill, decode steps, finished requests
 filtered), greedy, stopping at EOS or ``--max-new-tokens``, on the held-out support
-prompts of the demo (demo_models/smollm2/prompts/support-heldout.jsonl) in the
-target's chat template: ``--prompts`` at batch 1, three batches at a larger batch size. Per batch size one process times, in turn, each round:
+prompts of the demo (demo_models/smollm2/prompts/support-heldout.jsonl; another set
+with ``--prompts-from``, e.g. ``general-heldout``, whose domain drafts.yaml serves with
+the general draft) in the target's chat template: ``--prompts`` at batch 1, three batches at a larger batch size. Per batch size one process times, in turn, each round:
 
 * ``plain``: no speculation (``--speculate 0``), TGI's own matrices: TGI's default;
 * ``packed``: the same with the target's prepacked copies as ``accel`` has them
@@ -17,8 +18,8 @@ target's chat template: ``--prompts`` at batch 1, three batches at a larger batc
   ``F.linear`` measured faster): what the copies alone are worth;
 * ``ngram``: TGI's own n-gram speculation, ``--speculate N``;
 * ``accel``: ``--speculate N`` with ``ACCEL_DRAFT_CONFIG=demo_models/smollm2/drafts.yaml``
-  (the tuned ``support`` draft, with prompt lookup where the context has a match;
-  default adaptive controller).
+  (the tuned ``support`` draft, with prompt lookup where the context has a match, or
+  the draft of the prompt set's domain; default adaptive controller).
 
 TGI's own attention throughout (``ATTENTION=flashdecoding-ipex``, TGI's CPU default;
 the adapter's ``Seqlen.max_k`` workaround is in place for both speculative
@@ -50,13 +51,18 @@ def _tgi_python() -> Path:
     return Path(os.environ.get("ACCEL_TGI_PYTHON", "~/.cache/accel-plugin/venvs/tgi-3.3.7/bin/python")).expanduser()
 
 
-def _prompts(n: int) -> list[str]:
-    lines = (DEMO / "prompts" / "support-heldout.jsonl").read_text().splitlines()
+#: --prompts-from: a prompt set of the demo -> the drafts.yaml domain its prompts are routed to
+PROMPT_SETS = {"support-heldout": "support", "support-freestyle": "support", "code-heldout": "code",
+               "general-heldout": "default"}
+
+
+def _prompts(n: int, name: str = "support-heldout") -> list[str]:
+    lines = (DEMO / "prompts" / f"{name}.jsonl").read_text().splitlines()
     return [json.loads(line)["prompt"] for line in lines[:n]]
 
 
 def _run(target: Path, batch_size: int, args) -> dict:
-    prompts = _prompts(args.prompts if batch_size == 1 else min(24, 3 * batch_size))
+    prompts = _prompts(args.prompts if batch_size == 1 else min(24, 3 * batch_size), args.prompts_from)
     cmd = [str(_tgi_python()), str(SCRIPT), "--attention", "flashdecoding-ipex", "--speculate", str(args.speculate),
            "--model", f"smollm2={target}", "--config", f"smollm2={DEMO / 'drafts.yaml'}", "--chat", "smollm2",
            "--stop-at-eos", "smollm2", "--max-new-tokens", str(args.max_new_tokens), "--batch-size", str(batch_size),
@@ -73,7 +79,7 @@ def _run(target: Path, batch_size: int, args) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
-def _rows(result: dict, batch_size: int) -> list[list[str]]:
+def _rows(result: dict, batch_size: int, domain: str = "support") -> list[list[str]]:
     model = result["models"]["smollm2"]
     runs = model["runs"]
     plain = runs["plain"]
@@ -89,10 +95,10 @@ def _rows(result: dict, batch_size: int) -> list[list[str]]:
         row_steps = sum(len(step) for step in r["per_step"])  # (request, decode step) pairs
         per_step = (r["tokens"] - requests) / row_steps if row_steps else 0.0
         if name == "accel":
-            # the support draft, and its prompt lookup where drafts.yaml gives support one
+            # the domain's draft, and its prompt lookup where drafts.yaml gives it one
             # (label, prefix of its acceptance, the proposer's entry)
             entries = [(label, prefix, r["stats"][key]) for label, prefix, key in
-                       (("support draft", "", "support"), ("lookup", "lookup ", "support/lookup"))
+                       ((f"{domain} draft", "", domain), ("lookup", "lookup ", f"{domain}/lookup"))
                        if key in r["stats"]]
             speculation = f"{model['proposer']} (" + "; ".join(
                 f"{label}, k {st['k']}/{st['k_max']}, {st['state']}" for label, _, st in entries) + ")"
@@ -117,17 +123,19 @@ def _step_ms(run: dict) -> float | None:
     return 1e3 * statistics.median(run["seconds"]) / run["steps"] if run.get("steps") else None
 
 
-def _notes(result: dict, batch_size: int) -> str:
-    """What the controller measured for the support draft at this batch size (its view of the costs), and
+def _notes(result: dict, batch_size: int, domain: str = "support") -> str:
+    """What the controller measured for the domain's draft at this batch size (its view of the costs), and
     the share of the step spent in propose() (the core's call: draft forwards plus its host work)."""
     runs = result["models"]["smollm2"]["runs"]
-    s = runs["spec"]["stats"]["support"]
+    s = runs["spec"]["stats"].get(domain)
+    if s is None:
+        return f"batch {batch_size}: the proposer has no entry for the {domain} domain"
     bucket = min(s["costs_by_bucket"], key=lambda b: abs(int(b) - batch_size), default=None)
     costs = s["costs_by_bucket"].get(bucket, {})
     fmt = lambda v, f: "n/a" if v is None else format(v, f)
     plain_ms, spec_ms, propose_ms = _step_ms(runs["plain"]), _step_ms(runs["spec"]), s["propose_ms_per_step"]
     share = propose_ms / spec_ms if propose_ms is not None and spec_ms else None
-    line = (f"batch {batch_size}, support draft (controller, batch bucket {bucket}): alpha {fmt(s['alpha'], '.2f')}, "
+    line = (f"batch {batch_size}, {domain} draft (controller, batch bucket {bucket}): alpha {fmt(s['alpha'], '.2f')}, "
             f"k {costs.get('k')}, c {fmt(costs.get('c'), '.3f')} (weight-size ratio {fmt(s['cost_ratio_size'], '.3f')}), "
             f"v {fmt(costs.get('v'), '.3f')}, predicted S {fmt(costs.get('expected_speedup'), '.2f')}; "
             f"one draft forward {fmt(s['draft_forward_ms'], '.1f')} ms, propose() {fmt(propose_ms, '.1f')} "
@@ -142,7 +150,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-sizes", default="1,8")
     parser.add_argument("--prompts", type=int, default=8,
-                        help="held-out support prompts (of 24) at batch 1; at batch b > 1: 3 batches (at most 24)")
+                        help="prompts (of 24) at batch 1; at batch b > 1: 3 batches (at most 24)")
+    parser.add_argument("--prompts-from", default="support-heldout", choices=sorted(PROMPT_SETS),
+                        help="the demo's prompt set (demo_models/smollm2/prompts/NAME.jsonl); its domain's "
+                             "draft is the one reported")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--speculate", type=int, default=5, help="TGI's --speculate N (the YAML's k_max is 5)")
     parser.add_argument("--rounds", type=int, default=1, help="timed rounds per configuration (median)")
@@ -162,8 +173,8 @@ def main() -> None:
     for size in (int(b) for b in args.batch_sizes.split(",")):
         print(f"batch {size}: up to {args.max_new_tokens} tokens per prompt ...", file=sys.stderr)
         raw[size] = result = _run(target, size, args)
-        rows += _rows(result, size)
-        notes.append(_notes(result, size))
+        rows += _rows(result, size, PROMPT_SETS[args.prompts_from])
+        notes.append(_notes(result, size, PROMPT_SETS[args.prompts_from]))
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for row in rows:
