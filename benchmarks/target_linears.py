@@ -54,7 +54,13 @@ def main(argv: list[str] | None = None) -> None:
     pack, linear = ops
     if args.config is None:
         from accel_plugin.models import store as model_store
-        args.config = model_store.cached_path("smollm2") / "config.json"
+        folder = model_store.cached_path("smollm2")
+        if folder is None:
+            raise SystemExit("SmolLM2-135M-Instruct is not cached: run `accel models get smollm2`, or pass --config")
+        args.config = folder / "config.json"
+    if not args.config.is_file():
+        raise SystemExit(f"--config {args.config}: no such file (a Llama config.json: hidden_size, intermediate_size, "
+                         f"num_attention_heads, num_hidden_layers, vocab_size)")
     layer_shapes, head_shape = _shapes(json.loads(args.config.read_text()))
     gen = torch.Generator().manual_seed(0)
     groups = {}

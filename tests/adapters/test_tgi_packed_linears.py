@@ -143,3 +143,9 @@ def test_the_benchmark_prints_both_products_per_row_count_and_the_pick(tmp_path)
     rows = [line for line in proc.stdout.splitlines() if re.match(r"\| [15] \|( [\d.]+ \|){4}$", line)]
     assert len(rows) == 2, proc.stdout
     assert re.search(r"keeps F.linear up to: \{'layers': \d, 'head': \d\} rows", proc.stdout)
+
+
+def test_the_benchmark_names_a_missing_config(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.target_linears", "--config", str(tmp_path / "nope.json")],
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "nope.json: no such file (a Llama config.json" in proc.stderr
