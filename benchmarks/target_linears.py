@@ -61,7 +61,12 @@ def main(argv: list[str] | None = None) -> None:
     if not args.config.is_file():
         raise SystemExit(f"--config {args.config}: no such file (a Llama config.json: hidden_size, intermediate_size, "
                          f"num_attention_heads, num_hidden_layers, vocab_size)")
-    layer_shapes, head_shape = _shapes(json.loads(args.config.read_text()))
+    config = json.loads(args.config.read_text())
+    missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers",
+                           "vocab_size") if k not in config]
+    if missing:
+        raise SystemExit(f"--config {args.config} lacks {', '.join(missing)} (a Llama config.json has them)")
+    layer_shapes, head_shape = _shapes(config)
     gen = torch.Generator().manual_seed(0)
     groups = {}
     for name, shapes in (("layers", layer_shapes), ("head", [head_shape])):

@@ -145,7 +145,13 @@ def test_the_benchmark_prints_both_products_per_row_count_and_the_pick(tmp_path)
     assert re.search(r"keeps F.linear up to: \{'layers': \d, 'head': \d\} rows", proc.stdout)
 
 
-def test_the_benchmark_names_a_missing_config(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.target_linears", "--config", str(tmp_path / "nope.json")],
-                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
+def test_the_benchmark_names_a_missing_config_and_missing_keys(tmp_path):
+    def run(path):
+        return subprocess.run([sys.executable, "-m", "benchmarks.target_linears", "--config", str(path)],
+                              cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
+    proc = run(tmp_path / "nope.json")
     assert proc.returncode != 0 and "nope.json: no such file (a Llama config.json" in proc.stderr
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4}))
+    proc = run(tmp_path / "config.json")
+    assert proc.returncode != 0
+    assert "lacks intermediate_size, num_hidden_layers, vocab_size (a Llama config.json has them)" in proc.stderr
