@@ -295,6 +295,7 @@ for round_ in range(args.repeats):
                     after = counters(model)
                     d["counters"] = {k: after[k] - before[k] + (d["counters"] or {}).get(k, 0) for k in after}
                     d["stats"] = speculative.collect_stats(model)
+                    d["step_stats"] = spec.core.step_stats() if hasattr(spec.core, "step_stats") else None
         for run, d in done.items():
             if f"{run}/{name}" in errors or not d["ids"]:
                 continue
@@ -303,7 +304,7 @@ for round_ in range(args.repeats):
             entry.update(ids=d["ids"], steps=len(d["per_step"]), tokens=sum(map(len, d["ids"])), per_step=d["per_step"],
                          packed=d.get("packed", False))
             if d["counters"] is not None:
-                entry.update(counters=d["counters"], stats=d["stats"])
+                entry.update(counters=d["counters"], stats=d["stats"], step_stats=d.get("step_stats"))
 
 llama = sys.modules["text_generation_server.models.custom_modeling.flash_llama_modeling"]
 inner = getattr(llama.paged_attention, "__wrapped__", llama.paged_attention)  # under the max_k workaround
