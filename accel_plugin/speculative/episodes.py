@@ -164,7 +164,7 @@ class Episodes:
                           if m == mix and len(times) >= MIN_OWN})
         return plain
 
-    def record_rows(self, tokens: Mapping[Hashable, int], joined: int) -> tuple[list, float, float | None] | None:
+    def record_rows(self, tokens: Mapping[Hashable, int], joined: int) -> tuple[list, float, float] | None:
         """This call's decoding rows (id -> tokens received) of which ``joined`` are new.
         Returns ``(keys, tail factor, speedup)`` of the episode this call ended, if it
         counts: the keys its steps began at with its first step's bucket (a mix may change
@@ -196,7 +196,7 @@ class Episodes:
             if key[0] == ep.key[0]:
                 ep.keys.add(key)
 
-    def _finish(self, ep: _Episode) -> tuple[list, float, float | None] | None:
+    def _finish(self, ep: _Episode) -> tuple[list, float, float] | None:
         if ep.key is None or not ep.cycles:
             return None
         drafting = sum(1 for _, _, d in ep.cycles if d)
