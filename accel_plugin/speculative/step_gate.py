@@ -25,35 +25,34 @@ tail too (rows that drafted finish unevenly): :mod:`.episodes` measures each suc
 factor* (kept at each key of its first bucket), and the gate reads a key's measured speedup
 times the median of its last 4 factors; a key with none borrows the median of its bucket's other
 keys' factors (a new mix of a bucket whose whole batches lose starts judged by them), 1 where
-the bucket has none. A whole batch that counts also gives its *whole speedup* (plain's
-time for its tokens over its measured time, everything included: the draft's prefill, catch-ups,
-the tail); one below ``min_speedup`` switches its on keys off at once, and where it is below the
-key's cycles times the tail factor, its factor is the whole speedup over the cycles' instead
-(cycle samples are few and old where the calibration steps that pair them are rare: support at
-batch 8 read 1.24-1.43x by its cycles while its whole batches ran at 0.87-0.91x: 1.07x by its
-cycles times its tail, and its probes would switch it back on).
+the bucket has none. A whole batch that counts also gives its *whole speedup* (plain's time for
+its tokens over its measured time, everything included: the draft's prefill, catch-ups, the tail);
+the lower median of a key's last 4 below ``min_speedup`` switches it off at once (two bad of 4,
+not one noisy batch after good ones); one below its cycles times the tail factor makes its factor
+whole over cycles (cycles pair with rare calibration steps: support at batch 8 read 1.24-1.43x by
+its cycles, 0.87-0.91x whole, 1.07x by cycles times tail, and its probes would switch it back on).
 
 **Gate.** Per key: ``warmup`` until ``gate_min_samples`` samples, then ``on`` or ``off`` by the
 measured speedup of the last ``gate_window`` (times the factor): on goes off below
 ``min_speedup``, off goes on at ``min_speedup * (1 + hysteresis)``, either after
 ``gate_switch_after`` consecutive samples that ask for it (a switch keeps only the last
-``gate_min_samples`` samples, so the next verdict reads the new regime). A new key starts
-``off`` where the nearest smaller bucket with a verdict for its mix is off (a verified draft
-token per row costs more as the batch grows: no warm-up of drafting steps to find that out
-again), or, with no such bucket, where its mix has several domains and each of them alone is off
-at its bucket (a step that drafts for several domains pays for several drafts); from there it is
-an ordinary off key: its probes' samples switch it on only at ``min_speedup * (1 + hysteresis)``,
-``gate_switch_after`` times in a row (a first verdict at ``min_speedup`` let four noisy probes of
-a losing mix switch it on: support-free at batch 8 then ran whole batches at 0.69x). At an off key
-no row drafts, except a probe after :func:`probe_interval` steps (``gate_probe_interval`` times
-the bucket, at most 8): two drafting steps, the first to let the drafts catch up on the plain
-steps' tokens (not paired), the second measured against its plain neighbours. The catch-up is a
+``gate_min_samples`` samples, so the next verdict reads the new regime). A new key starts ``off``
+where the nearest smaller bucket with a verdict for its mix is off (a verified draft token per row
+costs more as the batch grows: no warm-up to find that out again), or, with no such bucket, where
+its mix has several domains and each alone is off at its bucket (a step that drafts for several
+domains pays for several drafts); from there it is an ordinary off key:
+its probes' samples switch it on only at ``min_speedup * (1 + hysteresis)``, ``gate_switch_after``
+times in a row (a first verdict at ``min_speedup`` let four noisy probes of a losing mix switch it
+on: support-free at batch 8 then ran whole batches at 0.69x). At an off key no row drafts, except a
+probe after :func:`probe_interval` steps (``gate_probe_interval`` times the bucket, at most 8): two
+drafting steps, the first to let the drafts catch up on the plain steps' tokens (not paired), the
+second measured against its plain neighbours. The catch-up is a
 draft forward over every token the rows took meanwhile (at batch 8 about a plain step), so each
 probe that leaves the key off doubles the interval to the next, up to :data:`MAX_BACKOFF`
 doublings (at batch 1, 16 steps then 32 then 64: probes every 16 steps cost a lone general
-request about 6%). A whole batch's switch (its speedup, or a factor that brings an on key
-below ``min_speedup`` where its cycles alone are above) starts at :data:`MAX_BACKOFF` doublings
-(a whole batch is stronger evidence than a cycle), and so does a key that starts off (a probe
+request about 6%). A whole batch's switch (its speedups, or a factor that brings an on key below
+``min_speedup`` where its cycles alone are above) starts at :data:`MAX_BACKOFF` doublings (a whole
+batch is stronger evidence than a cycle), and so does a key that starts off (a probe
 drafts for every row, every draft of its mix, and catches up rows that never drafted over
 their whole context); any other switch resets the interval.
 
@@ -65,6 +64,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from statistics import median_low
 
 from .costs import measured_speedup, median, nearest
 from .draft_config.schema import ControllerConfig
@@ -212,8 +212,8 @@ class StepGate:
             self.record_episode(key, done[1], done[2])
 
     def record_episode(self, key: GateKey, factor: float, speedup: float | None = None) -> None:
-        """A whole batch began at ``key``: its tail ``factor`` and, where known, its whole ``speedup``
-        (below ``min_speedup``: an on key goes off at once; below the cycles times ``factor``: the factor)."""
+        """A whole batch began at ``key``: its tail ``factor`` and, where known, its whole ``speedup`` (its
+        last 4's lower median below ``min_speedup``: an on key goes off at once; below cycles x factor: the factor)."""
         at = self._at(key)
         at.tails.append(min(1.0, factor))
         if speedup is not None and len(at.samples) >= self.cfg.gate_min_samples:
@@ -221,7 +221,7 @@ class StepGate:
         at.factors.append(min(1.0, factor))
         if speedup is not None:
             at.whole.append(speedup)
-            if at.state == GateState.ON and speedup < self.cfg.min_speedup:
+            if at.state == GateState.ON and median_low(at.whole) < self.cfg.min_speedup:
                 self._switch(at, GateState.OFF, backoff=MAX_BACKOFF)
                 return
         self._judge(at, at_once=True)

@@ -94,6 +94,20 @@ def test_a_whole_batch_that_lost_switches_an_on_key_off_at_once():
     assert g.state(*off) == "off"
 
 
+def test_one_noisy_whole_batch_after_good_ones_leaves_a_key_on_and_a_second_does_not():
+    """TGI at batch 1 (a request per batch): support's requests read 1.68, 1.90, 1.33, 1.99 and
+    1.20x whole, then one 0.98x switched the key off for the rest of the run (180 of 359 steps
+    plain); the lower median of the last 4 decides, so one noisy request does not, two do."""
+    g = gate()
+    key = (1, frozenset({"support"}))
+    on_at(g, key, 1.62)
+    for whole in (1.68, 1.90, 1.33, 1.99, 1.20, 0.98):  # last 4: 1.33 1.99 1.20 0.98, lower median 1.20
+        g.record_episode(key, 1.0, whole)
+        assert g.state(*key) == "on", whole
+    g.record_episode(key, 1.0, 0.90)  # last 4: 1.99 1.20 0.98 0.90, lower median 0.98
+    assert g.state(*key) == "off"
+
+
 def test_an_episodes_plain_time_is_its_own_mixs_where_measured_else_every_mixs():
     """A plain step's time depends on its rows' contexts: a support batch's plain time is
     read from support's plain cycles, not from the median over every mix the engine ran."""
