@@ -27,7 +27,7 @@ times the median of its last 4 factors; a key with none borrows the median of it
 keys' factors (a new mix of a bucket whose whole batches lose starts judged by them), 1 where
 the bucket has none. A whole batch that counts also gives its *whole speedup* (plain's time for
 its tokens over its measured time, everything included: the draft's prefill, catch-ups, the tail);
-the lower median of a key's last 4 below ``min_speedup`` switches it off at once (two bad of 4,
+the lower median of a key's last 4 below ``min_speedup`` switches it off at once (two bad of 3-4,
 not one noisy batch after good ones); one below its cycles times the tail factor makes its factor
 whole over cycles (cycles pair with rare calibration steps: support at batch 8 read 1.24-1.43x by
 its cycles, 0.87-0.91x whole, 1.07x by cycles times tail, and its probes would switch it back on).
