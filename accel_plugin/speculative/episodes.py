@@ -44,7 +44,8 @@ out (the draft's prefill of the prompts in the first call, a probe's catch-up, t
 tail). It is reported for every episode that counts (a batch whose plain cycles cost what
 plain does loses only by drafting: support-free at batch 8, 743 draft tokens, ran at 0.86x of a
 plain engine where no batch of it drafted in half of its cycles and none was reported, so its
-key stayed on); the gate switches an on key off when its last whole batch lost, and reads the
+key stayed on); the gate switches an on key off when its last whole batches lost (the lower median of
+the last 4, :mod:`.step_gate`), and reads the
 whole speedup over its cycles' as the key's factor where that is below the tail factor (measured
 on a 2-core CPU, batch 8 of support prompts: cycle samples 1.19x, tail factor 0.88,
 whole batches 0.93x against a plain engine). An episode with fewer than :data:`MIN_DRAFTING` of its cycles
