@@ -27,6 +27,7 @@ __all__ = [
     "ACCEL_METRICS_LOG_INTERVAL",
     "ACCEL_MODELS_DIR",
     "ACCEL_PLUGINS",
+    "ACCEL_TGI_PREPACK",
     "ACCEL_TRACE",
     "ATTENTION_BACKEND_CHOICES",
     "ENV_VARS",
@@ -40,6 +41,7 @@ __all__ = [
     "metrics_log_interval",
     "models_dir",
     "plugin_allowlist",
+    "tgi_prepack",
     "trace_enabled",
 ]
 
@@ -50,6 +52,7 @@ ACCEL_METRICS_DIR = "ACCEL_METRICS_DIR"
 ACCEL_METRICS_LOG_INTERVAL = "ACCEL_METRICS_LOG_INTERVAL"
 ACCEL_MODELS_DIR = "ACCEL_MODELS_DIR"
 ACCEL_PLUGINS = "ACCEL_PLUGINS"
+ACCEL_TGI_PREPACK = "ACCEL_TGI_PREPACK"
 ACCEL_TRACE = "ACCEL_TRACE"
 
 #: Valid values of ACCEL_ATTENTION_BACKEND (unset = leave the framework's default).
@@ -152,6 +155,13 @@ def metrics_enabled(environ: Mapping[str, str] | None = None) -> bool:
     return True if raw is None or raw.strip() == "" else _bool(ACCEL_METRICS, raw)
 
 
+def tgi_prepack(environ: Mapping[str, str] | None = None) -> bool:
+    """ACCEL_TGI_PREPACK: whether TGI's target matrices get oneDNN-prepacked copies while our
+    drafts speculate (adapters/tgi/packed_linears.py); on when unset or empty."""
+    raw = _env(environ).get(ACCEL_TGI_PREPACK)
+    return True if raw is None or raw.strip() == "" else _bool(ACCEL_TGI_PREPACK, raw)
+
+
 def metrics_log_interval(environ: Mapping[str, str] | None = None) -> float:
     """ACCEL_METRICS_LOG_INTERVAL: seconds between two metrics log lines (0 = none)."""
     raw = _env(environ).get(ACCEL_METRICS_LOG_INTERVAL)
@@ -205,6 +215,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
            f"{DEFAULT_METRICS_LOG_INTERVAL:g}", "seconds between two metrics log lines", metrics_log_interval),
     EnvVar(ACCEL_METRICS_DIR, _DIRECTORY, "a temporary one per server", "directory of the worker's metric files",
            metrics_dir),
+    EnvVar(ACCEL_TGI_PREPACK, _BOOL_VALID, "on",
+           "TGI, CPU, float32: prepacked copies of the target's matrices while our drafts speculate "
+           "(faster multi-row verification; the matrices' bytes again in host memory)", tgi_prepack),
 )
 _BY_NAME = {var.name: var for var in ENV_VARS}
 

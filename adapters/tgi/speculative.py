@@ -49,7 +49,8 @@ def attach(model, config_path: str | None = None) -> TGIDraftSpeculation | None:
 
     ``config_path`` defaults to ``ACCEL_DRAFT_CONFIG``. Raises
     :class:`accel_plugin.speculative.draft_config.DraftConfigError` (the YAML, against the target) or
-    :class:`SpeculationConfigError` (TGI's settings: ``--speculate``, the model kind).
+    :class:`SpeculationConfigError` (TGI's settings: ``--speculate``, the model kind) or
+    :class:`accel_plugin.envs.EnvVarError` (``ACCEL_TGI_PREPACK``).
     Applies the generate_token patch, and the ``Seqlen.max_k`` workaround while
     TGI's own attention is in use (see :mod:`._patches`).
     """
@@ -61,6 +62,7 @@ def attach(model, config_path: str | None = None) -> TGIDraftSpeculation | None:
     path = config_path or envs.draft_config_path()
     if path is None:
         return None
+    envs.tgi_prepack()  # a wrong value stops start-up here, before the drafts load
     speculate = get_speculate()
     config = load_draft_config(path)
     if speculate <= 0:
