@@ -1,4 +1,5 @@
-"""The native CPU kernels (``csrc/cpu_attention.cpp``): built once per machine, loaded per process.
+"""The native CPU kernels (``csrc/cpu_attention.cpp``, ``csrc/cpu_linear.cpp``): built once per machine,
+loaded per process.
 
 What they compute: :func:`~accel_plugin.kernels.paged_attention` (every call whose
 queries are short: decode, speculative verification, small chunks) and
@@ -8,6 +9,7 @@ kv head), for all query heads of the GQA group, with an online softmax in fp32 (
 FlashAttention recurrence, Dao et al. 2022), threads over OpenMP as torch's own ops.
 The batched torch path (:mod:`.cpu_attention`) keeps long queries (prefill: SDPA's
 blocked matmuls win there) and everything when the native kernels cannot be built.
+The same library holds the few-row float32 product of :mod:`.cpu_linear`.
 
 Building: :func:`torch.utils.cpp_extension.load` with ``-O3 -march=native -fopenmp``, in a
 child process (the compiler's output and ``ninja``'s ``PATH`` stay there), into
@@ -37,7 +39,8 @@ __all__ = ["NAME", "build_dir", "extension_name", "load", "status"]
 #: What ``accel doctor`` and the start-up line call this path.
 NAME = "native C++ CPU kernel (paged decode, OpenMP)"
 
-_SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_attention.cpp"
+#: the library's sources: the paged-attention kernels and the few-row float32 product (``cpu_linear.cpp``)
+_SOURCES = [Path(__file__).resolve().parent / "csrc" / name for name in ("cpu_attention.cpp", "cpu_linear.cpp")]
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno"]
 _LDFLAGS = ["-fopenmp"]
 #: seconds a first build may take before it counts as failed
@@ -61,7 +64,8 @@ def _cpu_flags() -> str:
 def extension_name() -> str:
     """``accel_cpu_<torch version>_<hash of source, flags, CPU flags>``."""
     digest = hashlib.sha256()
-    for part in (_SOURCE.read_bytes(), " ".join(_CFLAGS + _LDFLAGS).encode(), _cpu_flags().encode()):
+    for part in (*(src.read_bytes() for src in _SOURCES), " ".join(_CFLAGS + _LDFLAGS).encode(),
+                 _cpu_flags().encode()):
         digest.update(part)
     version = "".join(c if c.isalnum() else "_" for c in torch.__version__)
     return f"accel_cpu_{version}_{digest.hexdigest()[:12]}"
@@ -83,17 +87,19 @@ def _build() -> None:
 
     target = build_dir()
     target.mkdir(parents=True, exist_ok=True)
-    cpp_load(name=extension_name(), sources=[str(_SOURCE)], extra_cflags=_CFLAGS, extra_ldflags=_LDFLAGS,
-             build_directory=str(target), is_python_module=False, verbose=False)
+    cpp_load(name=extension_name(), sources=[str(src) for src in _SOURCES], extra_cflags=_CFLAGS,
+             extra_ldflags=_LDFLAGS, build_directory=str(target), is_python_module=False, verbose=False)
 
 
 def _build_in_child() -> str | None:
     """Build in a child python; None when it worked, else the reason."""
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    cwd = build_dir()  # not the caller's: `-m` puts it first on sys.path, where a source checkout's
+    cwd.mkdir(parents=True, exist_ok=True)  # accel_plugin/ (no kernels/ in it) would shadow the installed one
     try:
         proc = subprocess.run([sys.executable, "-m", __name__], env=env, capture_output=True, text=True,
-                              timeout=BUILD_TIMEOUT, stdin=subprocess.DEVNULL)
+                              timeout=BUILD_TIMEOUT, stdin=subprocess.DEVNULL, cwd=str(cwd))
     except subprocess.TimeoutExpired:
         return f"the build took more than {BUILD_TIMEOUT} s"
     if proc.returncode == 0 and _library().exists():

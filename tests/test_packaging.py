@@ -30,7 +30,8 @@ def test_wheel_has_only_the_accel_plugin_package_and_the_tgi_hook(wheel):
     for module in ("accel_plugin/kernels/__init__.py", "accel_plugin/adapters/vllm/__init__.py",
                    "accel_plugin/adapters/tgi/__init__.py", "accel_plugin/kernels/limits.py",
                    "accel_plugin/plugins/hookspecs.py", "accel_plugin/cli/doctor.py",
-                   "accel_plugin/kernels/csrc/cpu_attention.cpp"):  # the native CPU kernels, built on first use
+                   # the native CPU kernels, built on first use
+                   "accel_plugin/kernels/csrc/cpu_attention.cpp", "accel_plugin/kernels/csrc/cpu_linear.cpp"):
         assert module in names
 
 

@@ -1,0 +1,81 @@
+"""Float32 products of a few rows with a matrix read once (CPU): ``csrc/cpu_linear.cpp``.
+
+A decode step multiplies ``batch x (1 + drafts)`` rows with each of the model's
+matrices; on a CPU that costs reading the matrix, not the arithmetic, as long as the
+product reads it once. torch's ``F.linear`` does for one row and stops doing so from
+about four rows (1.5-2.4x the one-row time); oneDNN's prepacked product costs 1.2x
+``F.linear`` at one row. The native product keeps a copy of the matrix in blocks of
+64 output columns and streams it once for up to 6 rows (more rows reread each block
+from L2). Measured by ``benchmarks/target_linears.py``.
+
+:func:`ops` returns ``(pack, linear)`` (the shape of
+:func:`accel_plugin.speculative.llama.packed_linear`'s pair) or ``None`` where the
+native library cannot be had (no compiler, no AVX-512F at build time, a probe that
+disagrees with ``F.linear``). Imports no framework.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["NAME", "SkinnyWeight", "linear", "ops", "pack", "reason"]
+
+#: what a start-up line calls this product
+NAME = "native few-row product (kernels/csrc/cpu_linear.cpp)"
+
+_state: dict = {}
+
+
+class SkinnyWeight(NamedTuple):
+    """A matrix ``[N, K]`` in the native product's layout (``[ceil(N/64), K, 64]``)."""
+
+    packed: torch.Tensor
+    n: int
+
+
+def pack(weight: torch.Tensor) -> SkinnyWeight:
+    """The native layout of a float32 CPU matrix ``[N, K]`` (a copy, zero-padded to 64 columns)."""
+    return SkinnyWeight(torch.ops.accel_cpu.skinny_pack(weight.detach()), int(weight.shape[0]))
+
+
+def linear(x: torch.Tensor, weight: SkinnyWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, W, bias)`` with ``W`` as :func:`pack` laid it out."""
+    out = torch.ops.accel_cpu.skinny_linear(x, weight.packed, weight.n)
+    return out if bias is None else out.add_(bias)
+
+
+def _probe() -> str | None:
+    """None when the native product agrees with ``F.linear`` here, else why not."""
+    from . import cpu_native
+
+    if cpu_native.load() is None:
+        return f"the native CPU kernels are not available ({cpu_native.status()[1]})"
+    if not torch.ops.accel_cpu.skinny_available():
+        return "the native library was built without AVX-512F"
+    gen = torch.Generator().manual_seed(0)
+    w, b = torch.randn(100, 72, generator=gen), torch.randn(100, generator=gen)
+    for rows in (1, 4, 7):
+        x = torch.randn(rows, 72, generator=gen)
+        if not torch.allclose(linear(x, pack(w), b), F.linear(x, w, b), rtol=1e-4, atol=1e-4):
+            return f"the native product disagrees with F.linear at {rows} rows"
+    return None
+
+
+def ops(dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+    """``(pack, linear)`` of the native few-row product, or ``None`` (then :func:`reason` says why)."""
+    if torch.device(device).type != "cpu" or dtype != torch.float32:
+        return None
+    if "reason" not in _state:
+        try:
+            _state["reason"] = _probe()
+        except Exception as exc:  # noqa: BLE001 - a broken build: the caller's other product serves
+            _state["reason"] = f"{type(exc).__name__}: {exc}"
+    return None if _state["reason"] else (pack, linear)
+
+
+def reason() -> str | None:
+    """Why :func:`ops` returned ``None`` (``None`` when it did not, or was not asked)."""
+    return _state.get("reason")
