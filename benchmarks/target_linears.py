@@ -1,4 +1,4 @@
-"""Benchmark: TGI's ``F.linear`` against oneDNN-prepacked copies, per row count, for a target's matrices.
+"""Benchmark: TGI's ``F.linear`` against the packed copies' products, per row count, for a target's matrices.
 
     ~/.cache/accel-plugin/venvs/tgi-3.3.7/bin/python benchmarks/target_linears.py   # TGI's torch, with IPEX
     .venv/bin/python -m benchmarks.target_linears --rows 1 2 4 8
@@ -9,9 +9,11 @@ the products of one decode step of the target (random matrices of its shapes, fr
 holds them, then the LM head), each layer's matrices distinct so that the weights
 stream from memory as in a real step, at each row count (a batch of ``b`` requests
 verifying ``k`` drafts multiplies ``b (k + 1)`` rows), with ``F.linear`` (TGI's
-``FastLinear``) and with the prepacked copy. Median of ``--repeats`` passes, ms per
-step; then the row counts up to which the start-up measurement
-(:func:`~accel_plugin.adapters.tgi.packed_linears.dense_rows`) keeps ``F.linear``.
+``FastLinear``), oneDNN's prepacked copy and the native few-row product's copy
+(:mod:`accel_plugin.kernels.cpu_linear`; ``n/a`` where it cannot be built). Median of
+``--repeats`` passes, ms per step; then the row counts up to which the start-up
+measurement (:func:`~accel_plugin.adapters.tgi.packed_linears.dense_rows`, with the
+product the start-up takes: the native one where available) keeps ``F.linear``.
 Threads: ``--threads`` (default 1, what ``benchmarks/tgi_speculative.py`` gives TGI).
 """
 
@@ -45,13 +47,14 @@ def main(argv: list[str] | None = None) -> None:
     if importlib.util.find_spec("intel_extension_for_pytorch") is not None:
         import intel_extension_for_pytorch  # noqa: F401  (TGI's CPU process has it loaded)
     from accel_plugin.adapters.tgi import packed_linears
+    from accel_plugin.kernels import cpu_linear
     from accel_plugin.speculative.llama import packed_linear
 
     torch.set_num_threads(args.threads)
-    ops = packed_linear(torch.float32, torch.device("cpu"))
-    if ops is None:
-        raise SystemExit("this torch has no oneDNN prepacked product (or it disagrees with F.linear): nothing to compare")
-    pack, linear = ops
+    products = {"oneDNN": packed_linear(torch.float32, torch.device("cpu")), "native": cpu_linear.ops()}
+    if products["oneDNN"] is None and products["native"] is None:
+        raise SystemExit("this torch has neither oneDNN's prepacked product nor the native few-row one "
+                         f"({cpu_linear.reason()}): nothing to compare")
     if args.config is None:
         from accel_plugin.models import store as model_store
         folder = model_store.cached_path("smollm2")
@@ -71,21 +74,30 @@ def main(argv: list[str] | None = None) -> None:
     groups = {}
     for name, shapes in (("layers", layer_shapes), ("head", [head_shape])):
         weights = [torch.randn(*shape, generator=gen) * 0.02 for shape in shapes]
-        groups[name] = [(w, pack(w)) for w in weights]
+        groups[name] = {product: [(w, ops[0](w)) for w in weights] for product, ops in products.items() if ops}
     print(f"torch {torch.__version__}, {args.threads} thread(s), {len(layer_shapes)} layer matrices and a "
-          f"{head_shape[0]}x{head_shape[1]} head from {args.config}; ms per step, median of {args.repeats}")
-    print("\n| rows | layers F.linear | layers prepacked | head F.linear | head prepacked |\n|---|---|---|---|---|")
+          f"{head_shape[0]}x{head_shape[1]} head from {args.config}; ms per step, median of {args.repeats}"
+          + "".join(f"; {p} product not available" for p, ops in products.items() if ops is None))
+    columns = [f"{group} {p}" for group in groups for p in ("F.linear", *products)]
+    print("\n| rows | " + " | ".join(columns) + " |\n|" + "---|" * (len(columns) + 1))
+
+    def cell(pairs, rows, use_packed, linear):
+        packed_linears.pass_ms(pairs, rows, use_packed, linear)  # warm-up
+        return f"{statistics.median(packed_linears.pass_ms(pairs, rows, use_packed, linear) for _ in range(args.repeats)):.1f}"
+
     with torch.no_grad():
         for rows in args.rows:
             cells = []
-            for pairs in groups.values():
-                for use_packed in (False, True):
-                    packed_linears.pass_ms(pairs, rows, use_packed, linear)  # warm-up
-                    runs = [packed_linears.pass_ms(pairs, rows, use_packed, linear) for _ in range(args.repeats)]
-                    cells.append(f"{statistics.median(runs):.1f}")
+            for by_product in groups.values():
+                first = next(iter(by_product))
+                cells.append(cell(by_product[first], rows, False, products[first][1]))
+                cells += [cell(by_product[p], rows, True, ops[1]) if ops else "n/a" for p, ops in products.items()]
             print(f"| {rows} | " + " | ".join(cells) + " |", flush=True)
-        picked = {name: packed_linears.dense_rows(pairs, linear) for name, pairs in groups.items()}
-    print(f"\nthe start-up measurement keeps F.linear up to: {picked} rows (of {packed_linears.PROBE_ROWS} measured)")
+        used = "native" if products["native"] else "oneDNN"
+        picked = {name: packed_linears.dense_rows(by_product[used], products[used][1])
+                  for name, by_product in groups.items()}
+    print(f"\nthe start-up measurement ({used} product) keeps F.linear up to: {picked} rows "
+          f"(of {packed_linears.PROBE_ROWS} measured)")
 
 
 if __name__ == "__main__":

@@ -13,9 +13,9 @@ with ``--prompts-from``, e.g. ``general-heldout``, whose domain drafts.yaml serv
 the general draft) in the target's chat template: ``--prompts`` at batch 1, three batches at a larger batch size. Per batch size one process times, in turn, each round:
 
 * ``plain``: no speculation (``--speculate 0``), TGI's own matrices: TGI's default;
-* ``packed``: the same with the target's prepacked copies as ``accel`` has them
-  (``adapters/tgi/packed_linears.py``: oneDNN's product above the rows where TGI's
-  ``F.linear`` measured faster): what the copies alone are worth;
+* ``packed``: the same with the target's packed copies as ``accel`` has them
+  (``adapters/tgi/packed_linears.py``: the native few-row product, or oneDNN's, above
+  the rows where TGI's ``F.linear`` measured faster): what the copies alone are worth;
 * ``ngram``: TGI's own n-gram speculation, ``--speculate N``;
 * ``accel``: ``--speculate N`` with ``ACCEL_DRAFT_CONFIG=demo_models/smollm2/drafts.yaml``
   (the tuned ``support`` draft, with prompt lookup where the context has a match, or
@@ -106,7 +106,7 @@ def _rows(result: dict, batch_size: int, domain: str = "support") -> list[list[s
                 f"{prefix}{st['accepted']}/{st['drafted']}"
                 + (f" (alpha {st['alpha']:.2f})" if st.get("alpha") is not None else "") for _, prefix, st in entries)
         elif name == "packed":
-            speculation = "none; accel's prepacked copies of the target matrices (what they alone are worth)"
+            speculation = "none; accel's packed copies of the target matrices (what they alone are worth)"
             acceptance = "-"
         elif name == "ngram":
             speculation, acceptance = f"TGI n-gram, --speculate {result['speculate']}", "-"

@@ -1,42 +1,47 @@
-"""A oneDNN-prepacked copy of the target's matrices for multi-row products while our drafts speculate in TGI (CPU, float32).
+"""A packed copy of the target's matrices for multi-row products while our drafts speculate in TGI (CPU, float32).
 
 Why: TGI's ``FastLinear`` calls ``F.linear``. On a CPU, torch multiplies one row (a
-plain decode step at batch 1) with a matrix-vector kernel, and several rows with a
-general product that repacks the whole weight matrix on every call. Verifying k draft
-tokens at batch 1 multiplies k + 1 rows per request: with ``F.linear`` alone that step
-cost far more than a plain one (on the first 2-core machine, 2026-12-04, one thread,
-SmolLM2-135M's 30 layers and head: 42 ms for one row, 73 ms for two, 95 ms for three),
-which no draft's acceptance pays for. oneDNN's prepacked float32 product (what torch's
-inductor uses for frozen CPU linears, and our drafts since 2026-12-03) took 37, 37 and
-42 ms there.
+plain decode step at batch 1) with a matrix-vector kernel that reads the matrix once,
+and from about four rows with a general product that costs 1.5-2.4x more. Verifying k
+draft tokens at batch 1 multiplies k + 1 rows per request, a batch of 8 at least 8:
+with ``F.linear`` alone that step costs far more than a plain one, which no draft's
+acceptance pays for.
 
-Which product wins depends on the machine and the row count. On the rebuilt 2-core
-machine (2026-12-05, TGI's torch 2.7 with IPEX, one thread, SmolLM2-135M's 120 layer
-matrices, 30 distinct layers so that the weights stream from memory as in a step):
+The copy's product, the first that is available (``pack_target(product=...)``):
 
-| rows | 1 | 2 | 3 | 4 | 8 | 16 |
+1. the native few-row product (:mod:`accel_plugin.kernels.cpu_linear`,
+   ``kernels/csrc/cpu_linear.cpp``): the matrix in blocks of 64 output columns, streamed
+   once for up to 6 rows, AVX-512; built with the native attention kernels;
+2. oneDNN's prepacked float32 product (what torch's inductor uses for frozen CPU
+   linears; 1.2x ``F.linear`` at one row, 1.3-1.5x at 4-8 rows where ``F.linear`` costs
+   1.8-2.4x).
+
+Measured on the 2-core machine (2026-12-06, TGI's torch 2.7 with IPEX, one thread,
+SmolLM2-135M's 120 layer matrices, 30 distinct layers so that the weights stream from
+memory as in a step; ``benchmarks/target_linears.py``):
+
+| rows | 1 | 2 | 4 | 8 | 24 | 64 |
 |---|---|---|---|---|---|---|
-| ``F.linear`` | 32.2 ms | 37.9 | 40.2 | 60.3 | 80.9 | 76.0 |
-| prepacked | 40.9 ms | 42.1 | 40.9 | 44.3 | 51.1 | 61.2 |
+| ``F.linear`` | 32.4 ms | 36.8 | 60.8 | 76.6 | 83.5 | 121.9 |
+| oneDNN prepacked | 37.6 ms | 43.2 | 44.6 | 50.1 | 68.5 | 116.5 |
+| native few-row | 31.4 ms | 33.4 | 33.0 | 40.4 | 57.2 | 103.1 |
 
-Replacing the matrices by prepacked ones (this module until 2026-12-05) therefore made
-every step of one row 20% slower there: a TGI engine with our proposer read 0.86-0.87x
-of TGI's own at batch 1 whenever nothing was drafted. So each ``FastLinear`` keeps its
-matrix and gets a prepacked copy beside it, and a ``forward`` that multiplies
-``F.linear``'s way up to :attr:`PackedLinears.dense_rows` rows and with the prepacked
-copy above. ``dense_rows`` is measured at start-up (:func:`dense_rows`: both products
-over the model's matrices, cold, 1 to :data:`PROBE_ROWS` rows, the median of three),
-once for the layers and once for the LM head (the widest matrix; it prefers the
-prepacked product sooner).
+Each ``FastLinear`` keeps its matrix and gets the copy beside it, and a ``forward``
+that multiplies ``F.linear``'s way up to :attr:`PackedLinears.dense_rows` rows, with
+the copy above (the native product up to :data:`NATIVE_MAX_ROWS` rows, ``F.linear``
+again for longer prompts). ``dense_rows`` is measured at start-up (:func:`dense_rows`:
+both products over the model's matrices, cold, 1 to :data:`PROBE_ROWS` rows, the
+median of three), once for the layers and once for the LM head (the widest matrix).
 
-The cost: the prepacked copies double the target matrices' host memory while
-speculation is attached (the start-up line says how much). :meth:`PackedLinears.undo`
-(run by ``detach``, and so by ``uninstall()``) drops the copies and restores TGI's
+The cost: the copies double the target matrices' host memory while speculation is
+attached (the start-up line says how much); ``ACCEL_TGI_PREPACK=off`` makes none
+(every product then TGI's ``F.linear``). :meth:`PackedLinears.undo` (run by
+``detach``, and so by ``uninstall()``) drops the copies and restores TGI's
 ``forward``; TGI's matrices are never touched.
 
-Where it does not apply (a GPU, a dtype other than float32, tensor parallelism, a
-torch without oneDNN, or a probe product that disagrees with ``F.linear``), nothing
-changes and the start-up line says why.
+Where it does not apply (a GPU, a dtype other than float32, tensor parallelism, neither
+product available or agreeing with ``F.linear``), nothing changes and the start-up line
+says why.
 """
 
 from __future__ import annotations
@@ -49,10 +54,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-__all__ = ["PROBE_ROWS", "PackedLinears", "dense_rows", "pack_target", "pass_ms"]
+__all__ = ["NATIVE_MAX_ROWS", "PROBE_ROWS", "PackedLinears", "dense_rows", "pack_target", "pass_ms"]
 
 #: row counts the start-up measurement compares the two products at (1..PROBE_ROWS)
 PROBE_ROWS = 8
+#: the most rows the native few-row product multiplies (it splits the work over output columns
+#: only; a prompt of more rows goes to F.linear, as in TGI)
+NATIVE_MAX_ROWS = 64
 _PROBE_BYTES = 256 << 20  # the layers' matrices measured: a prefix of at least this many bytes (cold)
 _PACKED = "_accel_packed_weight"
 
@@ -63,6 +71,8 @@ class PackedLinears:
 
     modules: list = field(default_factory=list)
     reason: str = ""  #: why nothing was packed ("" when something was)
+    product: str = ""  #: the copies' product (native few-row or oneDNN's prepacked)
+    max_rows: int | None = None  #: above this many rows F.linear again (``None``: the copy at every size)
     dense_rows: dict = field(default_factory=dict)  #: "layers"/"head" -> rows still multiplied by F.linear
     packed_bytes: int = 0
 
@@ -76,14 +86,16 @@ class PackedLinears:
         if not self.modules:
             return f"target matrices left as TGI has them ({self.reason})"
         rows = ", ".join(f"{name} up to {n} row{'s' * (n != 1)}" for name, n in self.dense_rows.items())
-        return (f"{len(self.modules)} target matrices with a oneDNN-prepacked copy for multi-row verification "
-                f"(+{self.packed_bytes / 2**20:.0f} MiB host memory; TGI's F.linear kept for {rows}, measured; "
-                f"dropped when speculation detaches)")
+        above = "" if self.max_rows is None else f" and above {self.max_rows} rows"
+        return (f"{len(self.modules)} target matrices with a packed copy for multi-row verification, "
+                f"{self.product} (+{self.packed_bytes / 2**20:.0f} MiB host memory; TGI's F.linear kept for {rows}, "
+                f"measured{above}; dropped when speculation detaches)")
 
 
-def _forward(module, linear: Callable, rows_dense: int):
+def _forward(module, linear: Callable, rows_dense: int, rows_max: int | None):
     def forward(input: torch.Tensor) -> torch.Tensor:
-        if input.numel() <= rows_dense * input.shape[-1]:
+        rows = input.numel() // max(input.shape[-1], 1)
+        if rows <= rows_dense or (rows_max is not None and rows > rows_max):
             return F.linear(input, module.weight, module.bias)
         return linear(input, module.__dict__[_PACKED], module.bias)
 
@@ -125,18 +137,41 @@ def _why_not(model) -> str | None:
     return None
 
 
-def pack_target(model, *, timer: Callable = pass_ms) -> PackedLinears:
-    """Give every ``FastLinear`` of TGI ``model`` (a ``FlashCausalLM``) a prepacked copy where it
-    applies; the LM head is the one under ``model.model.lm_head``."""
+def _product(prefer: str):
+    """``(name, pack, linear, max_rows)`` of the copies' product, or ``(reason, None, None, 0)``:
+    the native few-row product where it builds (``prefer`` ``auto``/``native``), else oneDNN's."""
+    from accel_plugin.kernels import cpu_linear
     from accel_plugin.speculative.llama import packed_linear
 
+    if prefer in ("auto", "native"):
+        ops = cpu_linear.ops(torch.float32, torch.device("cpu"))
+        if ops is not None:
+            return (cpu_linear.NAME, *ops, NATIVE_MAX_ROWS)
+        if prefer == "native":
+            return f"the native product is not available ({cpu_linear.reason()})", None, None, 0
+    ops = packed_linear(torch.float32, torch.device("cpu"))
+    if ops is None:
+        return "oneDNN's prepacked product is not available or disagrees with F.linear here", None, None, 0
+    return ("oneDNN's prepacked product", *ops, None)
+
+
+def pack_target(model, *, timer: Callable = pass_ms, environ=None, product: str = "auto") -> PackedLinears:
+    """Give every ``FastLinear`` of TGI ``model`` (a ``FlashCausalLM``) a packed copy where it
+    applies; the LM head is the one under ``model.model.lm_head``. ``environ``: where
+    ``ACCEL_TGI_PREPACK`` is read (``os.environ`` by default); ``product``: ``auto`` (the
+    native few-row product where it builds, else oneDNN's), ``native`` or ``onednn``."""
+    from accel_plugin import envs
+
+    if product not in ("auto", "native", "onednn"):
+        raise ValueError(f"product must be auto, native or onednn; got {product!r}")
+    if not envs.tgi_prepack(environ):
+        return PackedLinears(reason=f"{envs.ACCEL_TGI_PREPACK} is off: no copies, no extra host memory")
     why = _why_not(model)
     if why is not None:
         return PackedLinears(reason=why)
-    ops = packed_linear(torch.float32, torch.device("cpu"))
-    if ops is None:
-        return PackedLinears(reason="oneDNN's prepacked product is not available or disagrees with F.linear here")
-    pack, linear = ops
+    name, pack, linear, max_rows = _product(product)
+    if pack is None:
+        return PackedLinears(reason=name)
     try:
         from text_generation_server.layers.linear import FastLinear
     except ImportError:  # a TGI without it: nothing to pack
@@ -147,8 +182,8 @@ def pack_target(model, *, timer: Callable = pass_ms) -> PackedLinears:
     for module in model.model.modules():
         if type(module) is FastLinear and module.weight.dim() == 2 and module.weight.device.type == "cpu":
             groups["head" if id(module) in head_ids else "layers"].append(module)
-    result = PackedLinears()
-    for name, modules in groups.items():
+    result = PackedLinears(product=name, max_rows=max_rows)
+    for group, modules in groups.items():
         if not modules:
             continue
         pairs = [(m.weight.detach(), pack(m.weight.detach())) for m in modules]
@@ -159,10 +194,10 @@ def pack_target(model, *, timer: Callable = pass_ms) -> PackedLinears:
             if size >= _PROBE_BYTES:
                 break
         with torch.no_grad():
-            result.dense_rows[name] = rows = dense_rows(probe, linear, timer=timer)
+            result.dense_rows[group] = rows = dense_rows(probe, linear, timer=timer)
         for module, (weight, packed) in zip(modules, pairs):
             module.__dict__[_PACKED] = packed
-            module.forward = _forward(module, linear, rows)
+            module.forward = _forward(module, linear, rows, max_rows)
             result.modules.append(module)
             result.packed_bytes += weight.numel() * weight.element_size()
     if not result.modules:

@@ -16,7 +16,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from accel_plugin import envs
 from accel_plugin.adapters.tgi import packed_linears
+from accel_plugin.kernels import cpu_linear
 from accel_plugin.speculative.llama import packed_linear
 
 pytestmark = pytest.mark.skipif(packed_linear(torch.float32, torch.device("cpu")) is None,
@@ -69,14 +71,29 @@ def fixed_rows(n):
     return timer
 
 
-def test_copies_products_match_and_undo_restores_tgi(fake_linear_module):
+NATIVE = pytest.param("native", marks=pytest.mark.skipif(cpu_linear.ops() is None, reason=str(cpu_linear.reason())))
+PRODUCTS = {"native": "native few-row product", "onednn": "oneDNN's prepacked product"}
+
+
+def test_auto_takes_the_native_product_where_it_builds(fake_linear_module):
+    packing = packed_linears.pack_target(model(), timer=fixed_rows(2))
+    expected = "onednn" if cpu_linear.ops() is None else "native"
+    assert packing.product.startswith(PRODUCTS[expected]) and PRODUCTS[expected] in packing.describe()
+    assert packing.max_rows == (packed_linears.NATIVE_MAX_ROWS if expected == "native" else None)
+    packing.undo()
+    with pytest.raises(ValueError, match="product must be auto, native or onednn"):
+        packed_linears.pack_target(model(), product="mkl")
+
+
+@pytest.mark.parametrize("product", [NATIVE, "onednn"])
+def test_copies_products_match_and_undo_restores_tgi(fake_linear_module, product):
     target = model()
     dense = [m.weight for m in target.model.linears()]
     x = torch.randn(7, 64, generator=torch.Generator().manual_seed(1))
     expected = target.model(x)
-    packing = packed_linears.pack_target(target, timer=fixed_rows(2))
+    packing = packed_linears.pack_target(target, timer=fixed_rows(2), product=product)
     assert len(packing.modules) == 3 and packing.dense_rows == {"layers": 2, "head": 2}
-    assert "3 target matrices with a oneDNN-prepacked copy" in packing.describe()
+    assert "3 target matrices with a packed copy for multi-row verification, " + PRODUCTS[product] in packing.describe()
     assert "F.linear kept for layers up to 2 rows, head up to 2 rows" in packing.describe()
     assert packing.packed_bytes == sum(w.numel() * 4 for w in dense)
     for m, before in zip(target.model.linears(), dense):
@@ -90,16 +107,20 @@ def test_copies_products_match_and_undo_restores_tgi(fake_linear_module):
     assert torch.equal(target.model(x), expected)  # TGI's own F.linear again, bit for bit
 
 
-def test_each_row_count_takes_the_product_measured_faster(fake_linear_module, monkeypatch):
+@pytest.mark.parametrize("product", [NATIVE, "onednn"])
+def test_each_row_count_takes_the_product_measured_faster(fake_linear_module, monkeypatch, product):
     calls = []
     real = F.linear
     monkeypatch.setattr(packed_linears.F, "linear", lambda *a: calls.append(a[0].shape[0]) or real(*a))
     target = model()
-    packing = packed_linears.pack_target(target, timer=fixed_rows(3))
+    packing = packed_linears.pack_target(target, timer=fixed_rows(3), product=product)
     calls.clear()
-    for rows in (1, 3, 4, 6):
+    big = packed_linears.NATIVE_MAX_ROWS + 1
+    for rows in (1, 3, 4, 6, big):
         target.model(torch.randn(rows, 64))
-    assert calls == [1, 1, 1, 3, 3, 3]  # three matrices at 1 and 3 rows; 4 and 6 rows prepacked
+    # three matrices at 1 and 3 rows; 4 and 6 rows the copy; a prompt longer than the native
+    # product's limit F.linear again (oneDNN's product takes every size)
+    assert calls == [1, 1, 1, 3, 3, 3] + ([big] * 3 if product == "native" else [])
     packing.undo()
 
 
@@ -124,6 +145,23 @@ def test_nothing_changes_where_it_does_not_apply(fake_linear_module, kwargs, rea
     assert all("weight" in m._parameters for m in target.model.linears())
 
 
+@pytest.mark.parametrize("value", ["off", "0", "no"])
+def test_accel_tgi_prepack_off_makes_no_copies(fake_linear_module, value):
+    target = model()
+    packing = packed_linears.pack_target(target, timer=fixed_rows(2), environ={"ACCEL_TGI_PREPACK": value})
+    assert packing.modules == [] and packing.packed_bytes == 0
+    assert "ACCEL_TGI_PREPACK is off: no copies" in packing.describe()
+    assert all("forward" not in m.__dict__ and not hasattr(m, "_accel_packed_weight") for m in target.model.linears())
+    on = packed_linears.pack_target(target, timer=fixed_rows(2), environ={"ACCEL_TGI_PREPACK": "on"})
+    assert len(on.modules) == 3 and on.packed_bytes > 0
+    on.undo()
+
+
+def test_a_wrong_accel_tgi_prepack_names_the_valid_values(fake_linear_module):
+    with pytest.raises(envs.EnvVarError, match="valid values: 1/0, true/false, yes/no, on/off"):
+        packed_linears.pack_target(model(), environ={"ACCEL_TGI_PREPACK": "sometimes"})
+
+
 def test_without_tgi_fastlinear_nothing_is_packed(monkeypatch):
     monkeypatch.setitem(sys.modules, "text_generation_server.layers.linear", None)
     packing = packed_linears.pack_target(model())
@@ -140,9 +178,14 @@ def test_the_benchmark_prints_both_products_per_row_count_and_the_pick(tmp_path)
                            "--rows", "1", "5", "--repeats", "1"], cwd=root, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "8 layer matrices and a 500x64 head" in proc.stdout
-    rows = [line for line in proc.stdout.splitlines() if re.match(r"\| [15] \|( [\d.]+ \|){4}$", line)]
+    assert "| rows | layers F.linear | layers oneDNN | layers native | head F.linear | head oneDNN | head native |" \
+        in proc.stdout
+    rows = [line for line in proc.stdout.splitlines() if re.match(r"\| [15] \|( ([\d.]+|n/a) \|){6}$", line)]
     assert len(rows) == 2, proc.stdout
-    assert re.search(r"keeps F.linear up to: \{'layers': \d, 'head': \d\} rows", proc.stdout)
+    native = "native" if cpu_linear.ops() is not None else "oneDNN"
+    assert all(("n/a" in row) == (native == "oneDNN") for row in rows)
+    assert re.search(rf"measurement \({native} product\) keeps F.linear up to: \{{'layers': \d, 'head': \d\}} rows",
+                     proc.stdout)
 
 
 def test_the_benchmark_names_a_missing_config_and_missing_keys(tmp_path):
