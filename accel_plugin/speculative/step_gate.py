@@ -7,54 +7,51 @@ cycle when its call proposed any draft, else *plain*; cycles after a prefill or 
 are not timed (and break the pairing).
 
 **Keys.** Cycles, samples and the verdict are kept per *key*: the step's batch bucket
-(:func:`.costs.batch_bucket`) and its *domain mix*, the set of entries (domains,
-``<domain>/lookup``) of its rows that may draft. A bucket where one mix pays and another loses
-gets one verdict per mix, not their pooled median. The readings (:meth:`StepGate.stats`) are per
-bucket, each mix's verdict under ``mixes``.
+(:func:`.costs.batch_bucket`) and its *domain mix*, the set of entries (domains, ``<domain>/lookup``) of its
+rows that may draft. A bucket where one mix pays and another loses gets one verdict per mix, not their pooled
+median. The readings (:meth:`StepGate.stats`) are per bucket, each mix's verdict under ``mixes``.
 
-**Samples.** At each key a drafting cycle is paired with the nearest plain cycle of the same
-number of rows at most :data:`ADJACENT` timed cycles away (calibration steps and the
-controller's own plain steps make them): one sample, its token gain (the drafting cycle's tokens
-over the plain one's) and time ratio (the plain one's seconds over the drafting one's). Same
-rows, so that both did the same work but for drafting; moments apart, so that a slow spell of a
-shared machine slows both. The measured speedup is the samples' mean gain times their median
-time ratio (:func:`.costs.measured_speedup`).
+**Samples.** At each key a drafting cycle is paired with the nearest plain cycle of the same number of rows at
+most :data:`ADJACENT` timed cycles away (calibration steps and the controller's own plain steps make them):
+one sample, its token gain (the drafting cycle's tokens over the plain one's) and time ratio (the plain one's
+seconds over the drafting one's). Same rows, so that both did the same work but for drafting; moments apart,
+so that a slow spell of a shared machine slows both. The measured speedup is the samples' mean gain times
+their median time ratio (:func:`.costs.measured_speedup`).
 
-**Whole batches.** A batch that starts together and that no row joins pays for drafting in its
-tail too (rows that drafted finish unevenly): :mod:`.episodes` measures each such batch's *tail
-factor* (kept at each key of its first bucket), and the gate reads a key's measured speedup
-times the median of its last 4 factors; a key with none borrows the median of its bucket's other
-keys' factors (a new mix of a bucket whose whole batches lose starts judged by them), 1 where
-the bucket has none. A whole batch that counts also gives its *whole speedup* (plain's time for
-its tokens over its measured time, everything included: the draft's prefill, catch-ups, the tail);
-the lower median of a key's last 4 below ``min_speedup`` switches it off at once (two bad of 3-4,
-not one noisy batch after good ones); one below its cycles times the tail factor makes its factor
-whole over cycles (cycles pair with rare calibration steps: support at batch 8 read 1.24-1.43x by
-its cycles, 0.87-0.91x whole, 1.07x by cycles times tail, and its probes would switch it back on).
+**Whole batches.** A batch that starts together and that no row joins pays for drafting in its tail too (rows
+that drafted finish unevenly): :mod:`.episodes` measures each such batch's *tail factor* (kept at each key of
+its first bucket), and the gate reads a key's measured speedup times the median of its last 4 factors; a key
+with none borrows the median of its bucket's other keys' factors (a new mix of a bucket whose whole batches
+lose starts judged by them), 1 where the bucket has none. A whole batch that counts also gives its *whole
+speedup* (plain's time for its tokens over its measured time, everything included: the draft's prefill,
+catch-ups, the tail); the lower median of a key's last 4 below ``min_speedup`` switches it off at once (two
+bad of 3-4, not one noisy batch after good ones); one below its cycles times the tail factor makes its factor
+whole over cycles (cycles pair with rare calibration steps: support at batch 8 read 1.24-1.43x by its cycles,
+0.87-0.91x whole, 1.07x by cycles times tail, and its probes would switch it back on). Where its last 4 whole
+batches paid (lower median at least ``min_speedup * (1 + hysteresis)``) an on key's cycles do not switch it
+off: at batch 1 the few cycles that pair (a drafting one beside a calibration step) read 0.93x for TGI's
+support key whose whole requests read 1.1-2.4x.
 
-**Gate.** Per key: ``warmup`` until ``gate_min_samples`` samples, then ``on`` or ``off`` by the
-measured speedup of the last ``gate_window`` (times the factor): on goes off below
-``min_speedup``, off goes on at ``min_speedup * (1 + hysteresis)``, either after
-``gate_switch_after`` consecutive samples that ask for it (a switch keeps only the last
-``gate_min_samples`` samples, so the next verdict reads the new regime). A new key starts ``off``
-where the nearest smaller bucket with a verdict for its mix is off (a verified draft token per row
-costs more as the batch grows: no warm-up to find that out again), or, with no such bucket, where
-its mix has several domains and each alone is off at its bucket (a step that drafts for several
-domains pays for several drafts); from there it is an ordinary off key:
-its probes' samples switch it on only at ``min_speedup * (1 + hysteresis)``, ``gate_switch_after``
-times in a row (a first verdict at ``min_speedup`` let four noisy probes of a losing mix switch it
-on: support-free at batch 8 then ran whole batches at 0.69x). At an off key no row drafts, except a
-probe after :func:`probe_interval` steps (``gate_probe_interval`` times the bucket, at most 8): two
-drafting steps, the first to let the drafts catch up on the plain steps' tokens (not paired), the
-second measured against its plain neighbours. The catch-up is a
-draft forward over every token the rows took meanwhile (at batch 8 about a plain step), so each
-probe that leaves the key off doubles the interval to the next, up to :data:`MAX_BACKOFF`
-doublings (at batch 1, 16 steps then 32 then 64: probes every 16 steps cost a lone general
-request about 6%). A whole batch's switch (its speedups, or a factor that brings an on key below
-``min_speedup`` where its cycles alone are above) starts at :data:`MAX_BACKOFF` doublings (a whole
-batch is stronger evidence than a cycle), and so does a key that starts off (a probe
-drafts for every row, every draft of its mix, and catches up rows that never drafted over
-their whole context); any other switch resets the interval.
+**Gate.** Per key: ``warmup`` until ``gate_min_samples`` samples, then ``on`` or ``off`` by the measured
+speedup of the last ``gate_window`` (times the factor): on goes off below ``min_speedup``, off goes on at
+``min_speedup * (1 + hysteresis)``, either after ``gate_switch_after`` consecutive samples that ask for it (a
+switch keeps only the last ``gate_min_samples`` samples, so the next verdict reads the new regime). A new key
+starts ``off`` where the nearest smaller bucket with a verdict for its mix is off (a verified draft token per
+row costs more as the batch grows: no warm-up to find that out again), or, with no such bucket, where its mix
+has several domains and each alone is off at its bucket (a step that drafts for several domains pays for
+several drafts); from there it is an ordinary off key: its probes' samples switch it on only at ``min_speedup
+* (1 + hysteresis)``, ``gate_switch_after`` times in a row (a first verdict at ``min_speedup`` let four noisy
+probes of a losing mix switch it on: support-free at batch 8 then ran whole batches at 0.69x). At an off key
+no row drafts, except a probe after :func:`probe_interval` steps (``gate_probe_interval`` times the bucket, at
+most 8): two drafting steps, the first to let the drafts catch up on the plain steps' tokens (not paired), the
+second measured against its plain neighbours. The catch-up is a draft forward over every token the rows took
+meanwhile (at batch 8 about a plain step), so each probe that leaves the key off doubles the interval to the
+next, up to :data:`MAX_BACKOFF` doublings (at batch 1, 16 steps then 32 then 64: probes every 16 steps cost a
+lone general request about 6%). A whole batch's switch (its speedups, or a factor that brings an on key below
+``min_speedup`` where its cycles alone are above) starts at :data:`MAX_BACKOFF` doublings (a whole batch is
+stronger evidence than a cycle), and so does a key that starts off (a probe drafts for every row, every draft
+of its mix, and catches up rows that never drafted over their whole context); any other switch resets the
+interval.
 
 The step model (:func:`.step_model.plan_step`) predicts; this gate measures.
 """
@@ -274,6 +271,8 @@ class StepGate:
             return
         is_on = at.state == GateState.ON
         want_on = m >= cfg.min_speedup * (1.0 if is_on else 1.0 + cfg.hysteresis)
+        if is_on and not want_on and len(at.whole) == _FACTORS:  # its last whole batches paid: they hold it on
+            want_on = median_low(at.whole) >= cfg.min_speedup * (1.0 + cfg.hysteresis)
         if want_on == is_on:
             at.pending = 0
             return

@@ -108,6 +108,24 @@ def test_one_noisy_whole_batch_after_good_ones_leaves_a_key_on_and_a_second_does
     assert g.state(*key) == "off"
 
 
+def test_whole_batches_that_paid_hold_an_on_key_against_cycles_that_read_low():
+    """TGI at batch 1 after the native few-row product: support's requests read 1.86, 2.18,
+    1.51, 2.42, 1.36x whole while its few paired cycles (a drafting one beside a calibration
+    step) read 0.93x and switched it off; 4 whole batches whose lower median is at least
+    min_speedup * (1 + hysteresis) hold it on. Whole batches at 1.02x (paying, but within the
+    hysteresis) do not, nor do fewer than 4."""
+    for wholes, stays in [((1.86, 2.18, 1.51, 1.36), True), ((1.02, 1.03, 1.02, 1.04), False),
+                          ((1.9, 2.0, 1.8), False)]:
+        g = gate()
+        key = (1, frozenset({"support"}))
+        on_at(g, key, 1.5)
+        for whole in wholes:
+            g.record_episode(key, 1.0, whole)
+        assert g.state(*key) == "on"
+        on_at(g, key, 0.8)  # the cycles now read 0.8x: gate_switch_after samples ask for off
+        assert g.state(*key) == ("on" if stays else "off"), wholes
+
+
 def test_an_episodes_plain_time_is_its_own_mixs_where_measured_else_every_mixs():
     """A plain step's time depends on its rows' contexts: a support batch's plain time is
     read from support's plain cycles, not from the median over every mix the engine ran."""
