@@ -156,8 +156,9 @@ def metrics_enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def tgi_prepack(environ: Mapping[str, str] | None = None) -> bool:
-    """ACCEL_TGI_PREPACK: whether TGI's target matrices get oneDNN-prepacked copies while our
-    drafts speculate (adapters/tgi/packed_linears.py); on when unset or empty."""
+    """ACCEL_TGI_PREPACK: whether TGI's target matrices get packed copies (the native few-row
+    product, or oneDNN's) while our drafts speculate (adapters/tgi/packed_linears.py); on when
+    unset or empty."""
     raw = _env(environ).get(ACCEL_TGI_PREPACK)
     return True if raw is None or raw.strip() == "" else _bool(ACCEL_TGI_PREPACK, raw)
 
@@ -216,7 +217,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(ACCEL_METRICS_DIR, _DIRECTORY, "a temporary one per server", "directory of the worker's metric files",
            metrics_dir),
     EnvVar(ACCEL_TGI_PREPACK, _BOOL_VALID, "on",
-           "TGI, CPU, float32: prepacked copies of the target's matrices while our drafts speculate "
+           "TGI, CPU, float32: packed copies of the target's matrices while our drafts speculate "
            "(faster multi-row verification; the matrices' bytes again in host memory)", tgi_prepack),
 )
 _BY_NAME = {var.name: var for var in ENV_VARS}
