@@ -61,11 +61,20 @@ from .llama_weights import (
     weight_bytes,
 )
 
-__all__ = ["SMALL_BATCH_ROWS", "LlamaDraftModel", "native_bf16", "packed_linear", "resolve_precision"]
+__all__ = [
+    "NATIVE_BF16_ROWS", "SMALL_BATCH_ROWS", "LlamaDraftModel", "native_bf16", "native_bf16_product", "packed_linear",
+    "resolve_precision",
+]
 
 #: forwards of at most this many rows (batch x new tokens) use the small-batch weights;
 #: bf16 weights won at 1, 2 and 4 rows and lost at 8 on the 2-core AVX2 machine
 SMALL_BATCH_ROWS = 4
+
+#: on a CPU with native bfloat16: forwards of at most this many rows use the native few-row
+#: product of the bfloat16 matrices, larger ones torch's (AMX) product; the native one took
+#: 0.35x torch's time at 1 row, 0.5x at 4, the same at 8 and 1.6x at 16 (SmolLM2's support
+#: draft's 13 matrices, 2 threads, the 2-core AVX-512/AMX machine)
+NATIVE_BF16_ROWS = 8
 
 
 def native_bf16() -> bool:
@@ -74,15 +83,26 @@ def native_bf16() -> bool:
     return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
 
 
+def native_bf16_product(device: torch.device | str = "cpu"):
+    """``(pack, linear)`` of the native few-row product of bfloat16 matrices
+    (:mod:`accel_plugin.kernels.cpu_linear`, AVX512-BF16), or ``None``."""
+    from ..kernels import cpu_linear
+
+    return cpu_linear.ops(torch.bfloat16, device)
+
+
 def resolve_precision(dtype: torch.dtype, device: torch.device) -> tuple[torch.dtype, torch.dtype | None]:
     """The (compute dtype, small-batch weight dtype) a draft asked to run in ``dtype`` runs in.
 
-    bfloat16 on a CPU without native bfloat16 becomes float32 compute with bfloat16
-    weights for small batches (the fastest of the three on such a CPU at every batch
-    size); everything else runs as asked (small-batch weights ``None``).
+    bfloat16 on a CPU becomes float32 compute (norms, RoPE, attention, KV) with bfloat16
+    weights: without native bfloat16, bfloat16 weights for small batches only (the
+    fastest of the three on such a CPU at every batch size); with native bfloat16 and
+    the native few-row product of bfloat16 matrices, bfloat16 weights for every forward
+    (see the module's docstring). Everything else runs as asked (small-batch weights ``None``).
     """
-    if dtype == torch.bfloat16 and torch.device(device).type == "cpu" and not native_bf16():
-        return torch.float32, torch.bfloat16
+    if dtype == torch.bfloat16 and torch.device(device).type == "cpu":
+        if not native_bf16() or native_bf16_product(device) is not None:
+            return torch.float32, torch.bfloat16
     return dtype, None
 
 
@@ -140,7 +160,7 @@ class LlamaDraftModel:
     def __init__(self, model_dir: str | Path, *, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", max_len: int = 2048, initial_slots: int = 8,
                  target_dir: str | Path | None = None, small_batch_weights: torch.dtype | None = None,
-                 small_batch_rows: int = SMALL_BATCH_ROWS):
+                 small_batch_rows: int | None = None):
         self.model_dir = Path(model_dir)
         self.target_dir = None if target_dir is None else Path(target_dir)
         cfg = json.loads((self.model_dir / "config.json").read_text())
@@ -171,24 +191,42 @@ class LlamaDraftModel:
         self.layers = weights.layers
         #: bytes of weights one forward reads (see :class:`.llama_weights.LlamaWeights`)
         self.forward_bytes = weights.forward_bytes
+        self._choose_products(small_batch_weights, small_batch_rows)
+        self.kv = DraftKVCache(num_layers=self.num_layers, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                               dtype=self.dtype, device=self.device, max_len=max_len, initial_slots=initial_slots)
+
+    def _choose_products(self, small: torch.dtype | None, small_rows: int | None) -> None:
+        """The matrices (and product) of forwards of at most ``small_batch_rows`` rows and of larger ones."""
         #: forwards of at most this many rows multiply by ``small_layers`` / ``small_lm_head``
         self.small_batch_rows = 0
-        self.small_layers, self.small_lm_head = self.layers, self.lm_head
-        if small_batch_weights is not None and small_batch_weights != self.dtype and small_batch_rows > 0:
-            self.small_batch_rows = small_batch_rows
-            self.small_layers = cast_matrices(self.layers, small_batch_weights)
-            self.small_lm_head = self.lm_head.to(small_batch_weights).contiguous()
-        self._small_bytes = weight_bytes(self.small_layers, self.norm, self.small_lm_head)
-        #: forwards of more rows: these matrices and this product (prepacked where it works)
+        self.small_layers, self.small_lm_head, self._small_linear = self.layers, self.lm_head, F.linear
         self.large_layers, self.large_lm_head, self._large_linear = self.layers, self.lm_head, F.linear
+        self._small_bytes = self.forward_bytes
+        if small is not None and small != self.dtype and (small_rows is None or small_rows > 0):
+            copies, head = cast_matrices(self.layers, small), self.lm_head.to(small).contiguous()
+            self._small_bytes = weight_bytes(copies, self.norm, head)
+            if small == torch.bfloat16 and self.dtype == torch.float32 and native_bf16():
+                # this CPU multiplies bfloat16 natively: every forward by the bfloat16 matrices, the
+                # small ones by the native few-row product, the larger ones by torch's (AMX) product
+                self.layers = self.large_layers = copies
+                self.lm_head = self.large_lm_head = head
+                self._large_linear = self._cast_linear
+                self.forward_bytes = self._small_bytes
+                skinny = native_bf16_product(self.device)
+                if skinny is not None:
+                    pack, self._small_linear = skinny
+                    self.small_batch_rows = NATIVE_BF16_ROWS if small_rows is None else small_rows
+                    self.small_layers = map_matrices(copies, lambda t: pack(t) if t.dim() == 2 else t.float())
+                    self.small_lm_head = pack(head)
+                return
+            self.small_batch_rows = SMALL_BATCH_ROWS if small_rows is None else small_rows
+            self.small_layers, self.small_lm_head, self._small_linear = copies, head, self._cast_linear
         packed = packed_linear(self.dtype, self.device)
         if packed is not None:
             pack, self._large_linear = packed
             self.large_layers, self.large_lm_head = map_matrices(self.layers, pack), pack(self.lm_head)
             if self.small_layers is not self.layers:  # the plain matrices serve no forward now: drop them
                 self.layers, self.lm_head = self.large_layers, self.large_lm_head
-        self.kv = DraftKVCache(num_layers=self.num_layers, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
-                               dtype=self.dtype, device=self.device, max_len=max_len, initial_slots=initial_slots)
 
     def forward_bytes_at(self, rows: int) -> int:
         """Bytes of weights a forward of ``rows`` rows (batch x new tokens) reads."""
@@ -281,11 +319,15 @@ class LlamaDraftModel:
         sin = self._sin[pos_c][:, :, None, :]
         # key j is visible to query (b, t) iff j <= pos[b, t]; padded queries see
         # zeros or stale keys of their own slot and are discarded
-        mask = torch.arange(kv_len, device=device)[None, None, None, :] <= pos[:, None, :, None]
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        G = H // Hkv
+        mask = None  # one row, one token: every cached key is visible
+        if B > 1 or T > 1:  # [B, 1, G x T, L], in the order of the grouped queries below
+            mask = torch.arange(kv_len, device=device)[None, None, None, :] <= pos[:, None, :, None]
+            mask = mask.repeat(1, 1, G, 1)
         small = B * T <= self.small_batch_rows
         layers, lm_head = (self.small_layers, self.small_lm_head) if small else (self.large_layers, self.large_lm_head)
-        lin = self._cast_linear if small else self._large_linear
+        lin = self._small_linear if small else self._large_linear
         x = F.embedding(tokens, self.embed)
         for i, layer in enumerate(layers):
             h = self._rms_norm(x, layer.ln_in)
@@ -309,10 +351,12 @@ class LlamaDraftModel:
                 values = vc[:, :, :kv_len].index_select(0, slots)
             else:
                 keys, values = kc[first : first + B, :, :kv_len], vc[first : first + B, :, :kv_len]
-            attn = F.scaled_dot_product_attention(
-                q.transpose(1, 2), keys, values, attn_mask=mask, scale=self.scale, enable_gqa=Hkv != H
-            )
-            x = x + lin(attn.transpose(1, 2).reshape(B, T, H * D), layer.o, layer.o_b)
+            # the G query heads of a KV head as G x T queries of one head: SDPA's fused CPU
+            # kernel, where enable_gqa falls back to its unfused math (5x slower in torch 2.7)
+            q = q.view(B, T, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(B, Hkv, G * T, D)
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
+            attn = attn.view(B, Hkv, G, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, H * D)
+            x = x + lin(attn, layer.o, layer.o_b)
             h = self._rms_norm(x, layer.ln_post)
             gate, up = lin(h, layer.gate_up, layer.gate_up_b).chunk(2, dim=-1)
             x = x + lin(F.silu(gate) * up, layer.down, layer.down_b)

@@ -111,5 +111,22 @@ def test_bfloat16_on_a_cpu_without_native_bf16_runs_mixed(draft_dir, monkeypatch
     result = engine.draft(str(draft_dir), [DraftJob(engine.new_cache(str(draft_dir)), np.arange(3, 12), 3)])
     assert len(result.drafts[0]) == 3
     monkeypatch.setattr(llama, "native_bf16", lambda: True)
+    monkeypatch.setattr(llama, "native_bf16_product", lambda device="cpu": None)
     native = DraftEngine(dtype=torch.bfloat16, max_len=64).load(str(draft_dir))
     assert native.dtype == torch.bfloat16 and native.small_batch_rows == 0
+
+
+def test_bfloat16_with_the_native_bf16_product_runs_float32_with_bf16_weights(draft_dir, monkeypatch):
+    """dtype bfloat16 on a CPU with native bfloat16 and the native product: float32 compute and KV,
+    the bfloat16 matrices by the native product up to NATIVE_BF16_ROWS rows."""
+    from accel_plugin.speculative import llama
+
+    if llama.native_bf16_product() is None:
+        pytest.skip("no native product of bfloat16 matrices here (needs AVX512-BF16 and the native build)")
+    monkeypatch.setattr(llama, "native_bf16", lambda: True)
+    engine = DraftEngine(dtype=torch.bfloat16, max_len=64)
+    model = engine.load(str(draft_dir))
+    assert model.dtype == torch.float32 and model.small_batch_rows == llama.NATIVE_BF16_ROWS
+    assert model.large_layers[0].qkv.dtype == torch.bfloat16
+    result = engine.draft(str(draft_dir), [DraftJob(engine.new_cache(str(draft_dir)), np.arange(3, 12), 3)])
+    assert len(result.drafts[0]) == 3

@@ -145,8 +145,12 @@ def test_rows_read_in_place_or_gathered_give_the_same_logits(tiny_models):
         assert (in_order[i] - hf_logits(tiny_models("gqa-d32"), seqs[i] + nxt[i])).abs().max() < TOLERANCE[torch.float32]
 
 
-def test_small_batch_weights_only_for_small_forwards(tiny_models):
-    """float32 compute with bfloat16 weights up to small_batch_rows rows, float32 weights beyond."""
+def test_small_batch_weights_only_for_small_forwards(tiny_models, monkeypatch):
+    """Without native bfloat16: float32 compute with bfloat16 weights up to small_batch_rows rows,
+    float32 weights beyond."""
+    from accel_plugin.speculative import llama
+
+    monkeypatch.setattr(llama, "native_bf16", lambda: False)
     model_dir = tiny_models("gqa-d32")
     plain = LlamaDraftModel(model_dir, max_len=64, initial_slots=4)
     mixed = LlamaDraftModel(model_dir, max_len=64, initial_slots=4, small_batch_weights=torch.bfloat16,
@@ -168,6 +172,41 @@ def test_small_batch_weights_only_for_small_forwards(tiny_models):
     assert (small - hf_logits(model_dir, tokens[0] + [30])).abs().max() < TOLERANCE[torch.bfloat16]
 
 
+def test_native_bf16_weights_for_every_forward(tiny_models, monkeypatch):
+    """With native bfloat16 and the native product: float32 compute, bfloat16 matrices only (no
+    float32 copies), the native product up to small_batch_rows rows, torch's bfloat16 one beyond;
+    both close to the reference."""
+    from accel_plugin.kernels.cpu_linear import SkinnyWeight
+    from accel_plugin.speculative import llama
+
+    if llama.native_bf16_product() is None:
+        pytest.skip("no native product of bfloat16 matrices here (needs AVX512-BF16 and the native build)")
+    monkeypatch.setattr(llama, "native_bf16", lambda: True)
+    model_dir = tiny_models("gqa-d32")
+    plain = LlamaDraftModel(model_dir, max_len=64, initial_slots=4)
+    mixed = LlamaDraftModel(model_dir, max_len=64, initial_slots=4, small_batch_weights=torch.bfloat16,
+                            small_batch_rows=2)
+    assert mixed.dtype == torch.float32 and mixed.kv.dtype == torch.float32
+    assert isinstance(mixed.small_layers[0].qkv, SkinnyWeight) and isinstance(mixed.small_lm_head, SkinnyWeight)
+    assert mixed.layers is mixed.large_layers and mixed.large_layers[0].qkv.dtype == torch.bfloat16
+    assert mixed.forward_bytes_at(1) == mixed.forward_bytes_at(3) == mixed.forward_bytes < plain.forward_bytes
+    tokens = [list(range(3, 8)), list(range(9, 12)), list(range(20, 24))]
+    for m in (plain, mixed):
+        for _ in tokens:
+            m.alloc_slot()
+    large = run(mixed, tokens, [0] * 3, [0, 1, 2])  # 15 rows: torch's bfloat16 product
+    for i, t in enumerate(tokens):
+        assert (large[i] - hf_logits(model_dir, t)).abs().max() < TOLERANCE[torch.bfloat16]
+    run(plain, tokens, [0] * 3, [0, 1, 2])
+    small = run(mixed, [[30]], [5], [0])[0]  # 1 row: the native product
+    exact = run(plain, [[30]], [5], [0])[0]
+    assert not torch.equal(small, exact)
+    assert (small - hf_logits(model_dir, tokens[0] + [30])).abs().max() < TOLERANCE[torch.bfloat16]
+    # the native product rounds the operands only, torch's bfloat16 product its result as well
+    monkeypatch.setattr(mixed, "small_batch_rows", 0)
+    assert (small - exact).abs().max() <= (run(mixed, [[30]], [5], [0])[0] - exact).abs().max()
+
+
 def test_resolve_precision(monkeypatch):
     from accel_plugin.speculative import llama
 
@@ -178,6 +217,9 @@ def test_resolve_precision(monkeypatch):
     assert llama.resolve_precision(torch.float16, cpu) == (torch.float16, None)
     assert llama.resolve_precision(bf16, torch.device("cuda")) == (bf16, None)
     monkeypatch.setattr(llama, "native_bf16", lambda: True)
+    monkeypatch.setattr(llama, "native_bf16_product", lambda device="cpu": ("pack", "linear"))
+    assert llama.resolve_precision(bf16, cpu) == (fp32, bf16)
+    monkeypatch.setattr(llama, "native_bf16_product", lambda device="cpu": None)
     assert llama.resolve_precision(bf16, cpu) == (bf16, None)
 
 
@@ -187,6 +229,7 @@ def test_large_forwards_use_prepacked_matrices_with_the_same_logits(tiny_models,
     from accel_plugin.speculative import llama
 
     model_dir = tiny_models("gqa-d32")
+    monkeypatch.setattr(llama, "native_bf16", lambda: False)  # the float32 + small bfloat16 layout
     if llama.packed_linear(torch.float32, torch.device("cpu")) is None:
         pytest.skip("this torch has no mkldnn prepacked linear (the plain path serves)")
     packed = LlamaDraftModel(model_dir, max_len=64, initial_slots=4, small_batch_weights=torch.bfloat16,
