@@ -18,9 +18,13 @@ for running requests (one new verified token each), per draft token, which adds
 the engine's host work around the forwards.
 
 Precisions: ``float32``, ``bfloat16`` (weights, activations and KV) and ``mixed``
-(float32, with bfloat16 weights for forwards of at most
-:data:`~accel_plugin.speculative.llama.SMALL_BATCH_ROWS` rows: what ``dtype:
-bfloat16`` runs as on a CPU without native bfloat16).
+(float32 compute with bfloat16 weights: what ``dtype: bfloat16`` runs as on a CPU;
+without native bfloat16, bfloat16 weights for forwards of at most
+:data:`~accel_plugin.speculative.llama.SMALL_BATCH_ROWS` rows; with it, bfloat16
+weights for every forward, by the native few-row product up to
+:data:`~accel_plugin.speculative.llama.NATIVE_BF16_ROWS` rows), and ``mixed-torch``
+(the same without the native product: on a CPU with native bfloat16, torch's bfloat16
+product at every row count; elsewhere plain float32).
 
 Printed per batch and precision: ms per draft forward (median of ``--iters``, the
 smallest of ``--rounds`` rounds), ms per target forward, ``c`` measured, and the
@@ -42,11 +46,13 @@ import torch
 DEMO = Path(__file__).resolve().parent.parent / "demo_models" / "smollm2"
 
 #: the precisions compared: ``mixed`` is what ``dtype: bfloat16`` runs as on a CPU
-#: without native bfloat16 (:func:`accel_plugin.speculative.llama.resolve_precision`)
+#: (:func:`accel_plugin.speculative.llama.resolve_precision`), ``mixed-torch`` the same
+#: without the native few-row product
 PRECISIONS = {
     "float32": {"dtype": torch.float32},
     "bfloat16": {"dtype": torch.bfloat16},
     "mixed": {"dtype": torch.float32, "small_batch_weights": torch.bfloat16},
+    "mixed-torch": {"dtype": torch.float32, "small_batch_weights": torch.bfloat16, "small_batch_rows": 0},
 }
 
 
@@ -115,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--draft", type=Path, default=DEMO / "drafts" / "support")
     parser.add_argument("--target", type=Path, default=None, help="the target's folder (default: the smollm2 cache)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--dtypes", nargs="+", default=list(PRECISIONS), choices=list(PRECISIONS))
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "mixed"], choices=list(PRECISIONS))
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=2)

@@ -26,6 +26,13 @@ bfloat16 copies of the matrices (activations cast at each product, results back 
 float32), larger ones by the float32 ones; norms, RoPE, attention and the KV cache
 stay float32.
 
+On a CPU with native bfloat16 the same arguments keep the bfloat16 matrices only:
+forwards of at most ``small_batch_rows`` (default :data:`NATIVE_BF16_ROWS`) rows
+multiply by the native few-row product of bfloat16 matrices
+(:mod:`accel_plugin.kernels.cpu_linear`; half the time of torch's at 1-4 rows), larger
+ones by torch's bfloat16 (AMX) product; everything else stays float32, which torch's
+elementwise CPU ops and SDPA run faster than bfloat16.
+
 Larger forwards on a CPU multiply by oneDNN's prepacked matrices
 (:func:`packed_linear`: ``torch.ops.mkldnn``, the kernels torch's own inductor uses
 for frozen CPU linears) where this torch has them and they agree with
@@ -202,25 +209,28 @@ class LlamaDraftModel:
         self.small_layers, self.small_lm_head, self._small_linear = self.layers, self.lm_head, F.linear
         self.large_layers, self.large_lm_head, self._large_linear = self.layers, self.lm_head, F.linear
         self._small_bytes = self.forward_bytes
-        if small is not None and small != self.dtype and (small_rows is None or small_rows > 0):
+        if small == torch.bfloat16 and self.dtype == torch.float32 and native_bf16():
+            # this CPU multiplies bfloat16 natively: every forward by the bfloat16 matrices, up to
+            # small_rows rows by the native few-row product, larger ones by torch's (AMX) product
             copies, head = cast_matrices(self.layers, small), self.lm_head.to(small).contiguous()
-            self._small_bytes = weight_bytes(copies, self.norm, head)
-            if small == torch.bfloat16 and self.dtype == torch.float32 and native_bf16():
-                # this CPU multiplies bfloat16 natively: every forward by the bfloat16 matrices, the
-                # small ones by the native few-row product, the larger ones by torch's (AMX) product
-                self.layers = self.large_layers = copies
-                self.lm_head = self.large_lm_head = head
-                self._large_linear = self._cast_linear
-                self.forward_bytes = self._small_bytes
-                skinny = native_bf16_product(self.device)
-                if skinny is not None:
-                    pack, self._small_linear = skinny
-                    self.small_batch_rows = NATIVE_BF16_ROWS if small_rows is None else small_rows
-                    self.small_layers = map_matrices(copies, lambda t: pack(t) if t.dim() == 2 else t.float())
-                    self.small_lm_head = pack(head)
-                return
+            self.layers = self.large_layers = self.small_layers = copies
+            self.lm_head = self.large_lm_head = self.small_lm_head = head
+            self._large_linear = self._small_linear = self._cast_linear
+            self.forward_bytes = self._small_bytes = weight_bytes(copies, self.norm, head)
+            skinny = native_bf16_product(self.device)
+            rows = NATIVE_BF16_ROWS if small_rows is None else small_rows
+            if skinny is not None and rows > 0:
+                pack, self._small_linear = skinny
+                self.small_batch_rows = rows
+                self.small_layers = map_matrices(copies, lambda t: pack(t) if t.dim() == 2 else t.float())
+                self.small_lm_head = pack(head)
+            return
+        if small is not None and small != self.dtype and (small_rows is None or small_rows > 0):
             self.small_batch_rows = SMALL_BATCH_ROWS if small_rows is None else small_rows
-            self.small_layers, self.small_lm_head, self._small_linear = copies, head, self._cast_linear
+            self.small_layers = cast_matrices(self.layers, small)
+            self.small_lm_head = self.lm_head.to(small).contiguous()
+            self._small_linear = self._cast_linear
+            self._small_bytes = weight_bytes(self.small_layers, self.norm, self.small_lm_head)
         packed = packed_linear(self.dtype, self.device)
         if packed is not None:
             pack, self._large_linear = packed
