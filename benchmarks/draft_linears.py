@@ -1,0 +1,98 @@
+"""Benchmark: a draft's matrix products per row count, torch against the native few-row product.
+
+    .venv/bin/python -m benchmarks.draft_linears
+    ~/.cache/accel-plugin/venvs/tgi-3.3.7/bin/python benchmarks/draft_linears.py   # TGI's torch
+
+One pass over the matrices of one draft forward (random matrices of the draft's shapes,
+from its ``config.json``: per layer the fused q/k/v, o, fused gate/up and down, then
+the LM head, pruned to ``accel_draft``'s head vocabulary where the draft has one), at
+each row count, with ``F.linear`` in float32, ``F.linear`` in bfloat16 (activations
+cast; AMX where the CPU has it) and the native few-row product
+(:mod:`accel_plugin.kernels.cpu_linear`) of float32 and of bfloat16 matrices (``n/a``
+where it cannot be built). Median of ``--repeats`` passes, ms per pass. What
+:data:`accel_plugin.speculative.llama.NATIVE_BF16_ROWS` was chosen from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+DRAFT = Path(__file__).resolve().parent.parent / "demo_models" / "smollm2" / "drafts" / "support"
+
+
+def _shapes(config: dict) -> list[tuple[int, int]]:
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    heads = config["num_attention_heads"]
+    kv = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or hidden // heads
+    layer = [((heads + 2 * kv) * head_dim, hidden), (hidden, heads * head_dim), (2 * inter, hidden), (hidden, inter)]
+    return layer * config["num_hidden_layers"] + [(config["vocab_size"], hidden)]
+
+
+def _head_vocab(draft: Path) -> int | None:
+    """Rows of a pruned head (``accel.head_vocab`` in the draft's safetensors), or None."""
+    from safetensors import safe_open
+
+    with safe_open(str(draft / "model.safetensors"), "pt") as f:
+        return f.get_slice("accel.head_vocab").get_shape()[0] if "accel.head_vocab" in f.keys() else None
+
+
+def main(argv: list[str] | None = None) -> None:
+    from accel_plugin.kernels import cpu_linear
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--draft", type=Path, default=DRAFT, help="a draft's folder (default: the demo's support draft)")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    if not (args.draft / "config.json").is_file():
+        raise SystemExit(f"--draft {args.draft}: no config.json there (a Llama draft's folder)")
+    config = json.loads((args.draft / "config.json").read_text())
+    shapes = _shapes(config)
+    vocab = _head_vocab(args.draft)
+    if vocab is not None:
+        shapes[-1] = (vocab, shapes[-1][1])
+    torch.set_num_threads(args.threads)
+    gen = torch.Generator().manual_seed(0)
+    weights = [torch.randn(*shape, generator=gen) * 0.02 for shape in shapes]
+    as_bf16 = [w.bfloat16() for w in weights]
+    columns = {"F.linear fp32": lambda x: [F.linear(a, w) for a, w in zip(x, weights)],
+               "F.linear bf16": lambda x: [F.linear(a.bfloat16(), w).float() for a, w in zip(x, as_bf16)]}
+    for dtype, name in ((torch.float32, "native fp32"), (torch.bfloat16, "native bf16")):
+        ops = cpu_linear.ops(dtype)
+        if ops is None:
+            columns[name] = None
+            continue
+        packed = [ops[0](w) for w in weights]
+        columns[name] = lambda x, packed=packed, linear=ops[1]: [linear(a, p) for a, p in zip(x, packed)]
+    print(f"torch {torch.__version__}, {args.threads} thread(s), {len(shapes)} matrices of {args.draft} "
+          f"(head {shapes[-1][0]}x{shapes[-1][1]}); ms per pass, median of {args.repeats}")
+    print("\n| rows | " + " | ".join(columns) + " |\n|" + "---|" * (len(columns) + 1))
+    with torch.no_grad():
+        for rows in args.rows:
+            x = [torch.randn(rows, k, generator=gen) for _, k in shapes]
+            cells = []
+            for run in columns.values():
+                if run is None:
+                    cells.append("n/a")
+                    continue
+                run(x)  # warm-up
+                times = []
+                for _ in range(args.repeats):
+                    t0 = time.perf_counter()
+                    run(x)
+                    times.append(time.perf_counter() - t0)
+                cells.append(f"{statistics.median(times) * 1e3:.2f}")
+            print(f"| {rows} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
