@@ -138,14 +138,48 @@ inline void tile_bf16(const uint32_t* x, int64_t pairs, const uint16_t* w, float
 }
 #endif
 
-// the rows of x split into register tiles of up to kRowTile rows, for one block of columns
-template <typename X, typename W, typename Tile>
-inline void rows_of_block(const X* x, int64_t x_stride, int64_t rows, const W* wb, float* op, int64_t n,
-                          int64_t col0, int64_t cols, Tile&& tile_of) {
-  for (int64_t m0 = 0; m0 < rows; m0 += kRowTile) {
-    tile_of(std::min<int64_t>(kRowTile, rows - m0), x + m0 * x_stride, wb, op + m0 * n + col0, cols);
-  }
+#if defined(__AVX512F__)
+// y = x W^T over every block of columns (split over torch's threads), the rows of x in register
+// tiles of up to kRowTile rows; Tile::run<M> multiplies M rows with one block
+template <typename Tile, typename X, typename W>
+inline void blocks_product(const X* x, int64_t x_stride, int64_t rows, const W* w, int64_t block_stride,
+                           int64_t blocks, float* out, int64_t n) {
+  at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const W* wb = w + b * block_stride;
+      const int64_t cols = std::min<int64_t>(kCols, n - b * kCols);
+      for (int64_t m0 = 0; m0 < rows; m0 += kRowTile) {
+        const X* xm = x + m0 * x_stride;
+        float* om = out + m0 * n + b * kCols;
+        switch (std::min<int64_t>(kRowTile, rows - m0)) {
+          case 1: Tile::template run<1>(xm, x_stride, wb, om, n, cols); break;
+          case 2: Tile::template run<2>(xm, x_stride, wb, om, n, cols); break;
+          case 3: Tile::template run<3>(xm, x_stride, wb, om, n, cols); break;
+          case 4: Tile::template run<4>(xm, x_stride, wb, om, n, cols); break;
+          case 5: Tile::template run<5>(xm, x_stride, wb, om, n, cols); break;
+          default: Tile::template run<6>(xm, x_stride, wb, om, n, cols); break;
+        }
+      }
+    }
+  });
 }
+
+struct Float32Tile {
+  template <int M>
+  static void run(const float* x, int64_t k_size, const float* w, float* out, int64_t ldo, int64_t cols) {
+    tile<M>(x, k_size, w, out, ldo, cols);
+  }
+};
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+struct Bfloat16Tile {
+  template <int M>
+  static void run(const uint32_t* x, int64_t pairs, const uint16_t* w, float* out, int64_t ldo, int64_t cols) {
+    tile_bf16<M>(x, pairs, w, out, ldo, cols);
+  }
+};
+#endif
 
 at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
   const bool bf16 = packed.scalar_type() == at::kBFloat16;
@@ -175,22 +209,7 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
     if (!bf16) {
       const float* xp = x2.data_ptr<float>();
       const float* wp = packed.data_ptr<float>();
-      at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
-        for (int64_t b = b0; b < b1; ++b) {
-          rows_of_block(xp, k_size, rows, wp + b * k_size * kCols, op, n, b * kCols,
-                        std::min<int64_t>(kCols, n - b * kCols),
-                        [&](int64_t m, const float* xm, const float* wb, float* om, int64_t cols) {
-                          switch (m) {
-                            case 1: tile<1>(xm, k_size, wb, om, n, cols); break;
-                            case 2: tile<2>(xm, k_size, wb, om, n, cols); break;
-                            case 3: tile<3>(xm, k_size, wb, om, n, cols); break;
-                            case 4: tile<4>(xm, k_size, wb, om, n, cols); break;
-                            case 5: tile<5>(xm, k_size, wb, om, n, cols); break;
-                            default: tile<6>(xm, k_size, wb, om, n, cols); break;
-                          }
-                        });
-        }
-      });
+      blocks_product<Float32Tile>(xp, k_size, rows, wp, k_size * kCols, blocks, op, n);
     }
 #if defined(__AVX512BF16__)
     if (bf16) {
@@ -199,22 +218,7 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
       xb.narrow(1, 0, k_size).copy_(x2);  // rounded to bfloat16 once
       const uint32_t* xp = reinterpret_cast<const uint32_t*>(xb.data_ptr<at::BFloat16>());
       const uint16_t* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
-      at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
-        for (int64_t b = b0; b < b1; ++b) {
-          rows_of_block(xp, pairs, rows, wp + b * pairs * 2 * kCols, op, n, b * kCols,
-                        std::min<int64_t>(kCols, n - b * kCols),
-                        [&](int64_t m, const uint32_t* xm, const uint16_t* wb, float* om, int64_t cols) {
-                          switch (m) {
-                            case 1: tile_bf16<1>(xm, pairs, wb, om, n, cols); break;
-                            case 2: tile_bf16<2>(xm, pairs, wb, om, n, cols); break;
-                            case 3: tile_bf16<3>(xm, pairs, wb, om, n, cols); break;
-                            case 4: tile_bf16<4>(xm, pairs, wb, om, n, cols); break;
-                            case 5: tile_bf16<5>(xm, pairs, wb, om, n, cols); break;
-                            default: tile_bf16<6>(xm, pairs, wb, om, n, cols); break;
-                          }
-                        });
-        }
-      });
+      blocks_product<Bfloat16Tile>(xp, pairs, rows, wp, pairs * 2 * kCols, blocks, op, n);
     }
 #endif
   } else {
