@@ -29,6 +29,7 @@ __all__ = [
     "ACCEL_PLUGINS",
     "ACCEL_TGI_PREPACK",
     "ACCEL_TRACE",
+    "ACCEL_VLLM_PREPACK",
     "ATTENTION_BACKEND_CHOICES",
     "ENV_VARS",
     "EnvVar",
@@ -43,6 +44,7 @@ __all__ = [
     "plugin_allowlist",
     "tgi_prepack",
     "trace_enabled",
+    "vllm_prepack",
 ]
 
 ACCEL_ATTENTION_BACKEND = "ACCEL_ATTENTION_BACKEND"
@@ -54,6 +56,7 @@ ACCEL_MODELS_DIR = "ACCEL_MODELS_DIR"
 ACCEL_PLUGINS = "ACCEL_PLUGINS"
 ACCEL_TGI_PREPACK = "ACCEL_TGI_PREPACK"
 ACCEL_TRACE = "ACCEL_TRACE"
+ACCEL_VLLM_PREPACK = "ACCEL_VLLM_PREPACK"
 
 #: Valid values of ACCEL_ATTENTION_BACKEND (unset = leave the framework's default).
 ATTENTION_BACKEND_CHOICES: tuple[str, ...] = ("flash", "paged", "auto")
@@ -163,6 +166,13 @@ def tgi_prepack(environ: Mapping[str, str] | None = None) -> bool:
     return True if raw is None or raw.strip() == "" else _bool(ACCEL_TGI_PREPACK, raw)
 
 
+def vllm_prepack(environ: Mapping[str, str] | None = None) -> bool:
+    """ACCEL_VLLM_PREPACK: whether vLLM's target matrices get native copies while our drafts
+    speculate (adapters/vllm/packed_linears.py); on when unset or empty."""
+    raw = _env(environ).get(ACCEL_VLLM_PREPACK)
+    return True if raw is None or raw.strip() == "" else _bool(ACCEL_VLLM_PREPACK, raw)
+
+
 def metrics_log_interval(environ: Mapping[str, str] | None = None) -> float:
     """ACCEL_METRICS_LOG_INTERVAL: seconds between two metrics log lines (0 = none)."""
     raw = _env(environ).get(ACCEL_METRICS_LOG_INTERVAL)
@@ -219,6 +229,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(ACCEL_TGI_PREPACK, _BOOL_VALID, "on",
            "TGI, CPU, float32: packed copies of the target's matrices while our drafts speculate "
            "(faster multi-row verification; the matrices' bytes again in host memory)", tgi_prepack),
+    EnvVar(ACCEL_VLLM_PREPACK, _BOOL_VALID, "on",
+           "vLLM, CPU, float32, eager: native copies of the target's matrices while our drafts speculate "
+           "(faster steps of one to 64 rows; the matrices' bytes again in host memory)", vllm_prepack),
 )
 _BY_NAME = {var.name: var for var in ENV_VARS}
 

@@ -1,7 +1,7 @@
 """Benchmark: TGI's ``F.linear`` against the packed copies' products, per row count, for a target's matrices.
 
     ~/.cache/accel-plugin/venvs/tgi-3.3.7/bin/python benchmarks/target_linears.py   # TGI's torch, with IPEX
-    .venv/bin/python -m benchmarks.target_linears --rows 1 2 4 8
+    .venv/bin/python -m benchmarks.target_linears --threads 2 --rows 1 8 16 24 32 64   # with vLLM's onednn_mm
 
 What :mod:`accel_plugin.adapters.tgi.packed_linears` decides at start-up, shown in full:
 the products of one decode step of the target (random matrices of its shapes, from its
@@ -10,7 +10,9 @@ holds them, then the LM head), each layer's matrices distinct so that the weight
 stream from memory as in a real step, at each row count (a batch of ``b`` requests
 verifying ``k`` drafts multiplies ``b (k + 1)`` rows), with ``F.linear`` (TGI's
 ``FastLinear``), oneDNN's prepacked copy and the native few-row product's copy
-(:mod:`accel_plugin.kernels.cpu_linear`; ``n/a`` where it cannot be built). Median of
+(:mod:`accel_plugin.kernels.cpu_linear`; ``n/a`` where it cannot be built), and where vLLM
+is installed, vLLM's CPU product (``onednn_mm``, what vLLM's float32 layers multiply by;
+:mod:`accel_plugin.adapters.vllm.packed_linears` replaces it by the native copy). Median of
 ``--repeats`` passes, ms per step; then the row counts up to which the start-up
 measurement (:func:`~accel_plugin.adapters.tgi.packed_linears.dense_rows`, with the
 product the start-up takes: the native one where available) keeps ``F.linear``.
@@ -51,7 +53,13 @@ def main(argv: list[str] | None = None) -> None:
     from accel_plugin.speculative.llama import packed_linear
 
     torch.set_num_threads(args.threads)
-    products = {"oneDNN": packed_linear(torch.float32, torch.device("cpu")), "native": cpu_linear.ops()}
+    products: dict = {"oneDNN": packed_linear(torch.float32, torch.device("cpu")), "native": cpu_linear.ops()}
+    if importlib.util.find_spec("vllm") is not None:  # vLLM's CPU product (onednn_mm), what its engines multiply by
+        from vllm import _custom_ops as vllm_ops
+
+        if getattr(vllm_ops, "_supports_onednn", False):
+            products["vLLM onednn_mm"] = (lambda w: vllm_ops.create_onednn_mm(w.t(), 32),
+                                          lambda x, handle, bias: vllm_ops.onednn_mm(handle, x, bias))
     if products["oneDNN"] is None and products["native"] is None:
         raise SystemExit("this torch has neither oneDNN's prepacked product nor the native few-row one "
                          f"({cpu_linear.reason()}): nothing to compare")

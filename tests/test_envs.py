@@ -82,7 +82,7 @@ def test_directory_settings_refuse_a_file_and_take_a_missing_directory(tmp_path,
 
 @pytest.mark.parametrize("name, bad", [(envs.ACCEL_ATTENTION_BACKEND, "bogus"), (envs.ACCEL_PLUGINS, "a,,b"),
                                        (envs.ACCEL_TRACE, "maybe"), (envs.ACCEL_METRICS, "maybe"),
-                                       (envs.ACCEL_TGI_PREPACK, "sometimes"),
+                                       (envs.ACCEL_TGI_PREPACK, "sometimes"), (envs.ACCEL_VLLM_PREPACK, "no!"),
                                        (envs.ACCEL_METRICS_LOG_INTERVAL, "-1")])
 def test_the_table_drives_the_errors_and_check_all(name, bad):
     """ENV_VARS is the one list: its getter reads the variable, its valid values are the

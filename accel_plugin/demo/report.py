@@ -167,7 +167,7 @@ def build_report(results: dict[str, dict], routes: dict[str, dict], settings: di
         "timing_spread": timing_spread(results),
         "settings": settings,
         "engines": {name: {"attention_backends": r.get("attention_backends"), "parameters": r.get("parameters"),
-                           "method": r.get("method")}
+                           "method": r.get("method"), "target_products": r.get("target_products")}
                     for name, r in results.items()},
         "plain": {f"{label}|{batch}": {k: s[k] for k in ("generated", "seconds", "tokens_per_s")}
                   for (label, batch), s in plain.items()},
@@ -295,6 +295,8 @@ def render(report: dict, titles: dict[str, str]) -> str:
     lines.append("attention backend each engine used (read back): " + "; ".join(
         f"{name} {', '.join(e.get('attention_backends') or ['?'])}"
         + (f" (method {e['method']})" if e.get("method") else "") for name, e in report["engines"].items()))
+    lines += [f"target products of {name} (read back): {'; '.join(e['target_products'])}"
+              for name, e in report["engines"].items() if e.get("target_products")]
     lines.append("tok/s = the median round; ratio = the median of the rounds' paired ratios; pred = the "
                  "controller's formula at that batch size; propose ms = the whole propose() call per step")
     for name, cfg in report["configs"].items():

@@ -46,7 +46,6 @@ says why.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,13 +53,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .._packing import NATIVE_MAX_ROWS, PROBE_ROWS
+from .._packing import dense_rows as _dense_rows
+
 __all__ = ["NATIVE_MAX_ROWS", "PROBE_ROWS", "PackedLinears", "dense_rows", "pack_target", "pass_ms"]
 
-#: row counts the start-up measurement compares the two products at (1..PROBE_ROWS)
-PROBE_ROWS = 8
-#: the most rows the native few-row product multiplies (it splits the work over output columns
-#: only; a prompt of more rows goes to F.linear, as in TGI)
-NATIVE_MAX_ROWS = 64
 _PROBE_BYTES = 256 << 20  # the layers' matrices measured: a prefix of at least this many bytes (cold)
 _PACKED = "_accel_packed_weight"
 
@@ -114,15 +111,8 @@ def pass_ms(pairs, rows: int, use_packed: bool, linear: Callable) -> float:
 
 def dense_rows(pairs, linear: Callable, *, timer: Callable = pass_ms, repeats: int = 3) -> int:
     """The most rows up to which ``F.linear`` is at least as fast as the prepacked product at
-    every row count, over ``pairs`` of (matrix, prepacked copy): 0 when the prepacked one wins
-    at one row, :data:`PROBE_ROWS` when ``F.linear`` never loses up to there."""
-    timer(pairs, 1, False, linear), timer(pairs, 1, True, linear)  # warm-up: first calls allocate
-    for rows in range(1, PROBE_ROWS + 1):
-        t_dense = statistics.median(timer(pairs, rows, False, linear) for _ in range(repeats))
-        t_packed = statistics.median(timer(pairs, rows, True, linear) for _ in range(repeats))
-        if t_packed < t_dense:
-            return rows - 1
-    return PROBE_ROWS
+    every row count, over ``pairs`` of (matrix, prepacked copy) (:func:`.._packing.dense_rows`)."""
+    return _dense_rows(pairs, linear, timer=timer, repeats=repeats)
 
 
 def _why_not(model) -> str | None:

@@ -133,6 +133,19 @@ how it is undone
     :func:`uninstall_no_draft_sampling` puts vLLM's method back (``undo_all`` does).
 upstream change that would remove it
     vLLM's model runner using its plain sampler for a speculative step with no drafts.
+
+10. The CPU linear dispatch while our proposer's target loads (a monkeypatch, :mod:`.packed_linears`)
+----------------------------------------------------------------------------------------------------
+target
+    ``vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm``, wrapped by our proposer's constructor
+    (CPU, float32, eager, ``ACCEL_VLLM_PREPACK`` not off), put back by its ``load_model``: that engine's
+    layers get a ``cpu_linear`` choosing by row count between vLLM's product and a native copy.
+why
+    verifying drafts multiplies 1 to 64 rows per matrix, where the native product beats oneDNN's.
+how it is undone
+    :func:`.packed_linears.disarm` puts vLLM's function back (``undo_all`` does); loaded layers keep theirs.
+upstream change that would remove it
+    a few-row float32 product in vLLM's CPU build as fast as the native one.
 """
 
 from __future__ import annotations
@@ -140,7 +153,7 @@ from __future__ import annotations
 import inspect
 
 from .._ledger import Ledger, ProbedPatch
-from . import _compat, _process_state
+from . import _compat, _process_state, packed_linears
 from ._no_draft_sampling import (
     install_no_draft_sampling,
     no_draft_sampling_installed,
@@ -158,7 +171,7 @@ from ._sampler_fix import (
 from .backend import BACKEND_CLASS_PATHS
 
 __all__ = [
-    "CPU_OVERRIDE", "LEDGER", "METRICS_PATCHES", "NO_DRAFT_SAMPLING", "RAY_ENVIRONMENT", "SAMPLER_FIX",
+    "CPU_OVERRIDE", "LEDGER", "METRICS_PATCHES", "NO_DRAFT_SAMPLING", "RAY_ENVIRONMENT", "SAMPLER_FIX", "TARGET_COPIES",
     "cpu_override_active", "expand_batch_to_tokens_broken", "expand_batch_to_tokens_torch", "install",
     "install_no_draft_sampling", "install_sampler_fix", "installed", "no_draft_sampling_installed",
     "sampler_fix_installed", "set_env_choice", "undo_all", "uninstall", "uninstall_no_draft_sampling",
@@ -367,8 +380,13 @@ NO_DRAFT_SAMPLING = ProbedPatch(
     undo="uninstall_no_draft_sampling()",
     upstream="vLLM's model runner using its plain sampler for a speculative step with no drafts")
 
+TARGET_COPIES = ProbedPatch(
+    "target native copies", probe=packed_linears.armed, apply=packed_linears.arm, revert=packed_linears.disarm,
+    state=packed_linears.dispatch, target="vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm "
+    "(while our proposer's target loads)", why="1 to 64 rows per matrix multiply faster by the native product",
+    undo="packed_linears.disarm()", upstream="a few-row float32 product in vLLM's CPU build as fast as the native one")
 LEDGER = Ledger(BACKEND_NAMES, SELECTOR, CPU_OVERRIDE, SAMPLER_FIX, METRICS_DIR, METRICS_COLLECTOR,
-                METRICS_CLEANUP, RAY_ENVIRONMENT, NO_DRAFT_SAMPLING)
+                METRICS_CLEANUP, RAY_ENVIRONMENT, NO_DRAFT_SAMPLING, TARGET_COPIES)
 #: what live metrics change in this process (:func:`accel_plugin.adapters.vllm.metrics.setup`)
 METRICS_PATCHES = (METRICS_DIR, METRICS_COLLECTOR, METRICS_CLEANUP)
 

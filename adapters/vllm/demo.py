@@ -105,13 +105,18 @@ class _Engine:
 
     def facts(self) -> dict:
         """What this engine really runs, read back from vLLM: the attention backend of
-        every layer, and the parameters of the checkpoint vLLM loaded (counted in its
-        files: vLLM's CPU build repacks linear weights out of ``parameters()``)."""
+        every layer, the parameters of the checkpoint vLLM loaded (counted in its
+        files: vLLM's CPU build repacks linear weights out of ``parameters()``), and with our
+        proposer what the target's matrices multiply by (``DomainDraftProposer.packing``)."""
         from accel_plugin.speculative.draft_format import checkpoint_parameters
 
+        from .proposer import live_proposers
+
+        custom = bool(self.spec) and self.spec.get("method") == "custom_class"
         return {"attention_backends": sorted({n for names in self.llm.collective_rpc(_attention_backends)
                                               for n in names}),
                 "method": _method(self.llm),
+                "target_products": [p.packing for p in live_proposers()] if custom else None,
                 "parameters": checkpoint_parameters(self.llm.llm_engine.model_config.model)}
 
     def stats(self) -> dict | None:

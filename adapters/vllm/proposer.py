@@ -124,6 +124,14 @@ class DomainDraftProposer:
         from .metrics import proposer_recorder
 
         self._metrics = proposer_recorder(vllm_config)  # live metrics (docs/observability.md); None: off
+        from . import packed_linears
+
+        # the target loads after this: its float32 matrices get native copies (packed_linears)
+        refusal = packed_linears.why_not(vllm_config)
+        #: what the target multiplies by: its native copies (set by load_model) or why not
+        self.packing = None if refusal is None else f"target matrices left as vLLM has them ({refusal})"
+        if refusal is None:
+            packed_linears.arm(vllm_config)
         _logger().info(
             "accel-plugin domain proposer (%s): config %s, domains %s, k_max %d, adaptive %s",
             self.proposer_name, path, config.describe(),
@@ -144,7 +152,13 @@ class DomainDraftProposer:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def load_model(self, target_model: Any = None) -> None:
-        """Called by vLLM once the target is loaded: load every draft model now."""
+        """Called by vLLM once the target is loaded: load every draft model now, and measure
+        where the target's native copies pay (:mod:`.packed_linears`)."""
+        from . import packed_linears
+
+        if self.packing is None:
+            self.packing = packed_linears.finish(target_model).describe()
+        _logger().info("accel-plugin domain proposer: %s", self.packing)
         self.core.load()
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,

@@ -191,6 +191,7 @@ def test_both_adapters_keep_their_ledgers_in_this_mechanism():
     assert isinstance(vllm_patches.LEDGER, Ledger)
     assert [p.name for p in vllm_patches.LEDGER] == [
         "backend names", "selector", "CPU backend override", "CPU sampler fix", "metrics directory",
-        "metrics collector", "metrics directory cleanup", "Ray worker environment", "no-draft sampling"]
+        "metrics collector", "metrics directory cleanup", "Ray worker environment", "no-draft sampling",
+        "target native copies"]
     for patch in (*tgi_patches.LEDGER, *vllm_patches.LEDGER):
         assert patch.target and patch.why and patch.undo and patch.upstream

@@ -1,0 +1,224 @@
+"""Native copies of the target's matrices while our drafts speculate in vLLM (CPU, float32, eager).
+
+Why: vLLM's CPU build multiplies a float32 linear layer with oneDNN (``onednn_mm``, a
+handle made at load time that holds the matrix prepacked; vLLM then drops the layer's
+own ``weight``). A step of our speculation multiplies ``batch x (1 + drafts)`` rows with
+each matrix, and the native few-row product (:mod:`accel_plugin.kernels.cpu_linear`,
+``kernels/csrc/cpu_linear.cpp``) is faster than oneDNN's at every row count up to 64
+on the 2-core machine (SmolLM2-135M's layer matrices, 2 threads, ms per step,
+``.venv/bin/python -m benchmarks.target_linears --threads 2``, 2026-12-06):
+
+| rows | 1 | 8 | 16 | 24 | 32 | 64 |
+|---|---|---|---|---|---|---|
+| vLLM ``onednn_mm`` | 19.5 ms | 23.7 | 30.3 | 36.5 | 42.4 | 69.1 |
+| native few-row | 17.5 ms | 21.8 | 27.4 | 33.5 | 39.1 | 60.5 |
+
+How (patch 10 of the vLLM ledger, :mod:`._patches`): vLLM's model runner builds our
+proposer (:class:`~accel_plugin.adapters.vllm.DomainDraftProposer`) before it loads the
+target. The proposer calls :func:`arm`, which wraps
+``vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm``: while the target
+loads, every 2-D float32 matrix gets its native copy before vLLM's own dispatch runs,
+and the layer a ``cpu_linear`` that multiplies by vLLM's product up to
+:attr:`PackedLinears.dense_rows` rows and above :data:`~.._packing.NATIVE_MAX_ROWS`
+(prompts), by the copy in between. Once the target is loaded, the proposer's
+``load_model`` calls :func:`finish`: vLLM's dispatch is put back, and ``dense_rows`` is
+measured (both products over the model's own layers, 1 to 8 rows, the median of three;
+once for the layers, once for the LM head). Engines without our proposer never see
+the wrapper: it is installed only between the two calls, in the worker building one.
+
+The cost: the copies hold the target's matrices again in host memory (the start-up line
+says how much); ``ACCEL_VLLM_PREPACK=off`` makes none. Where it does not apply (not a
+CPU, a dtype other than float32, tensor parallelism, a compiled model: vLLM's CPU
+default traces the model once with dynamo, and a product chosen by row count would be
+fixed at trace time; the native product not available), nothing changes and the
+start-up line says why.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .._packing import NATIVE_MAX_ROWS, dense_rows
+
+__all__ = ["PackedLinears", "arm", "armed", "disarm", "dispatch", "finish", "why_not"]
+
+_PROBE_BYTES = 256 << 20  # the layers' matrices measured: a prefix of at least this many bytes (cold)
+#: the layers packed while armed: [(layer, vLLM's cpu_linear, copy, rows holder)]
+_pending: list[tuple[Any, Callable, Any, list[int]]] = []
+_ORIGINAL_ATTR = "__accel_original__"
+#: the engine configuration whose target load gets copies (set by :func:`arm`)
+_armed_for: list[Any] = [None]
+
+
+@dataclass
+class PackedLinears:
+    """What :func:`finish` did: the layers with a native copy, or why none."""
+
+    layers: int = 0
+    reason: str = ""  #: why nothing was packed ("" when something was)
+    dense_rows: dict = field(default_factory=dict)  #: "layers"/"head" -> rows still multiplied by vLLM's product
+    packed_bytes: int = 0
+
+    def describe(self) -> str:
+        if not self.layers:
+            return f"target matrices left as vLLM has them ({self.reason})"
+        rows = ", ".join(f"{name} up to {n} row{'s' * (n != 1)}" for name, n in self.dense_rows.items())
+        from accel_plugin.kernels import cpu_linear
+
+        return (f"{self.layers} target matrices with a copy for the {cpu_linear.NAME} (+"
+                f"{self.packed_bytes / 2**20:.0f} MiB host memory; vLLM's product kept for {rows}, measured, "
+                f"and above {NATIVE_MAX_ROWS} rows)")
+
+
+def why_not(vllm_config: Any, environ=None) -> str | None:
+    """Why the target of the engine ``vllm_config`` describes gets no copies (``None``: it gets them).
+    Raises :class:`accel_plugin.envs.EnvVarError` for a wrong ``ACCEL_VLLM_PREPACK``."""
+    from accel_plugin import envs
+    from accel_plugin.kernels import cpu_linear
+
+    if not envs.vllm_prepack(environ):
+        return f"{envs.ACCEL_VLLM_PREPACK} is off: no copies, no extra host memory"
+    device = str(getattr(vllm_config.device_config, "device_type", vllm_config.device_config.device))
+    if device != "cpu":
+        return f"device {device}, not a CPU"
+    dtype = vllm_config.model_config.dtype
+    if dtype != torch.float32:
+        return f"dtype {dtype}, not float32"
+    tp = vllm_config.parallel_config.tensor_parallel_size
+    if tp != 1:
+        return f"tensor parallel over {tp} ranks"
+    mode = vllm_config.compilation_config.mode
+    if int(mode) != 0:  # CompilationMode.NONE
+        return (f"vLLM compiles the model (compilation mode {getattr(mode, 'name', mode)}); the copies serve "
+                f"eager engines (enforce_eager=True)")
+    if cpu_linear.ops(torch.float32, torch.device("cpu")) is None:
+        return f"the native product is not available ({cpu_linear.reason()})"
+    return None
+
+
+def _utils():
+    from vllm.model_executor.layers import utils
+
+    return utils
+
+
+def dispatch() -> Callable:
+    """vLLM's CPU dispatch function as it is now (vLLM's, or our wrapper)."""
+    return _utils().dispatch_cpu_unquantized_gemm
+
+
+def armed() -> bool:
+    """Whether vLLM's CPU dispatch is wrapped now (between :func:`arm` and :func:`finish`)."""
+    return hasattr(_utils().dispatch_cpu_unquantized_gemm, _ORIGINAL_ATTR)
+
+
+def _selector(original: Callable, copy: Any, rows_dense: list[int], linear: Callable) -> Callable:
+    def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        rows = x.numel() // max(x.shape[-1], 1)
+        if rows <= rows_dense[0] or rows > NATIVE_MAX_ROWS:
+            return original(x, weight, bias)
+        return linear(x, copy, bias)
+
+    return cpu_linear
+
+
+def arm(vllm_config: Any = None) -> None:
+    """Wrap vLLM's CPU dispatch (idempotent): float32 matrices loaded from now on under
+    ``vllm_config`` (vLLM's current configuration while a worker loads its model; ``None``:
+    any) get a copy."""
+    utils = _utils()
+    _armed_for[0] = vllm_config
+    if armed():
+        return
+    original = utils.dispatch_cpu_unquantized_gemm
+
+    def dispatch_cpu_unquantized_gemm(layer, remove_weight):
+        copy, ops = None, _ops_for(layer)
+        if ops is not None:
+            copy = ops[0](layer.weight)  # before vLLM may drop the layer's weight
+        original(layer, remove_weight)
+        if copy is not None and callable(getattr(layer, "cpu_linear", None)):
+            rows = [0]
+            _pending.append((layer, layer.cpu_linear, copy, rows))
+            layer.cpu_linear = _selector(layer.cpu_linear, copy, rows, ops[1])
+
+    dispatch_cpu_unquantized_gemm.__doc__ = (original.__doc__ or "") + "\n\n(wrapped by accel-plugin)"
+    setattr(dispatch_cpu_unquantized_gemm, _ORIGINAL_ATTR, original)
+    utils.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
+
+
+def _ops_for(layer) -> tuple | None:
+    """The native ``(pack, linear)`` when ``layer`` gets a copy: a 2-D float32 CPU matrix,
+    loaded by the engine :func:`arm` was called for."""
+    weight = getattr(layer, "weight", None)
+    if not (isinstance(weight, torch.Tensor) and not weight.is_meta and weight.dim() == 2
+            and weight.dtype == torch.float32 and weight.device.type == "cpu"):
+        return None
+    if _armed_for[0] is not None:
+        from vllm.config import get_current_vllm_config_or_none
+
+        if get_current_vllm_config_or_none() is not _armed_for[0]:
+            return None
+    from accel_plugin.kernels import cpu_linear
+
+    return cpu_linear.ops(torch.float32, torch.device("cpu"))
+
+
+def disarm() -> None:
+    """Put vLLM's dispatch back (idempotent); layers already packed keep their copies."""
+    utils = _utils()
+    _armed_for[0] = None
+    original = getattr(utils.dispatch_cpu_unquantized_gemm, _ORIGINAL_ATTR, None)
+    if original is not None:
+        utils.dispatch_cpu_unquantized_gemm = original
+
+
+def _pass_ms(entries, rows: int, use_packed: bool, linear: Callable) -> float:
+    """One product of ``rows`` rows with every layer of ``entries`` (cold: each matrix once)."""
+    xs: dict[int, torch.Tensor] = {}
+    start = time.perf_counter()
+    for layer, original, copy, _ in entries:
+        k = copy.packed.shape[1]
+        x = xs.setdefault(k, torch.randn(rows, k))
+        linear(x, copy, None) if use_packed else original(x, layer.weight, None)
+    return (time.perf_counter() - start) * 1e3
+
+
+def finish(model: Any, *, timer: Callable = _pass_ms) -> PackedLinears:
+    """Disarm, then measure where the copies of ``model``'s layers pay (the LM head, a
+    ``VocabParallelEmbedding``, apart); layers packed for another model are dropped."""
+    disarm()
+    from accel_plugin.kernels import cpu_linear
+
+    ids = {id(m) for m in model.modules()} if isinstance(model, torch.nn.Module) else set()
+    entries = [e for e in _pending if id(e[0]) in ids]
+    _pending.clear()
+    if not entries:
+        return PackedLinears(reason="no float32 matrix was loaded through vLLM's CPU dispatch")
+    _, linear = cpu_linear.ops(torch.float32, torch.device("cpu"))
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    groups = {"layers": [e for e in entries if not isinstance(e[0], VocabParallelEmbedding)],
+              "head": [e for e in entries if isinstance(e[0], VocabParallelEmbedding)]}
+    result = PackedLinears()
+    with torch.no_grad():
+        for name, group in groups.items():
+            if not group:
+                continue
+            probe, size = [], 0
+            for entry in group:  # a prefix big enough to stream from memory, as in a step
+                probe.append(entry)
+                size += entry[2].packed.numel() * entry[2].packed.element_size()
+                if size >= _PROBE_BYTES:
+                    break
+            rows = result.dense_rows[name] = dense_rows(probe, linear, timer=timer)
+            for entry in group:
+                entry[3][0] = rows
+                result.packed_bytes += entry[2].packed.numel() * entry[2].packed.element_size()
+            result.layers += len(group)
+    return result
