@@ -190,8 +190,9 @@ def _pass_ms(entries, rows: int, use_packed: bool, linear: Callable) -> float:
 
 
 def finish(model: Any, *, timer: Callable = _pass_ms) -> PackedLinears:
-    """Disarm, then measure where the copies of ``model``'s layers pay (the LM head, a
-    ``VocabParallelEmbedding``, apart); layers packed for another model are dropped."""
+    """Disarm, then measure where the copies of ``model``'s layers pay (the LM head apart: a
+    ``ParallelLMHead``, else a ``VocabParallelEmbedding`` that serves as one); an input embedding
+    beside an LM head keeps no copy (it only gathers), nor do layers packed for another model."""
     disarm()
     from accel_plugin.kernels import cpu_linear
 
@@ -201,10 +202,16 @@ def finish(model: Any, *, timer: Callable = _pass_ms) -> PackedLinears:
     if not entries:
         return PackedLinears(reason="no float32 matrix was loaded through vLLM's CPU dispatch")
     _, linear = cpu_linear.ops(torch.float32, torch.device("cpu"))
-    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
+    heads = [e for e in entries if isinstance(e[0], ParallelLMHead)]
+    embeddings = [e for e in entries if isinstance(e[0], VocabParallelEmbedding) and e not in heads]
+    if heads:  # an input embedding only gathers rows: its copy is dropped, vLLM's product back
+        for layer, original, _, _ in embeddings:
+            layer.cpu_linear = original
+        embeddings = []
     groups = {"layers": [e for e in entries if not isinstance(e[0], VocabParallelEmbedding)],
-              "head": [e for e in entries if isinstance(e[0], VocabParallelEmbedding)]}
+              "head": heads or embeddings}
     result = PackedLinears()
     with torch.no_grad():
         for name, group in groups.items():

@@ -120,3 +120,28 @@ def test_disarm_puts_vllms_dispatch_back_and_nothing_is_packed_without_arm(dispa
     dispatch(layer)
     result = packed_linears.finish(torch.nn.ModuleList([layer]))
     assert result.layers == 0 and "left as vLLM has them" in result.describe()
+
+
+def test_an_input_embedding_beside_an_lm_head_keeps_no_copy(dispatch):
+    """A tied LM head (SmolLM2's) is a ``ParallelLMHead`` sharing the embedding's matrix: both
+    pass vLLM's dispatch, only the head multiplies; the embedding gets vLLM's product back."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    gen = torch.Generator().manual_seed(3)
+
+    def blank(cls, n=100, k=64):  # the layer as vLLM built it, without its tensor-parallel set-up
+        layer = cls.__new__(cls)
+        torch.nn.Module.__init__(layer)
+        layer.weight = torch.nn.Parameter(torch.randn(n, k, generator=gen), requires_grad=False)
+        return layer
+
+    embedding, head, inner = blank(VocabParallelEmbedding), blank(ParallelLMHead), Layer(64, 64, gen)
+    packed_linears.arm()
+    for layer in (embedding, head, inner):
+        dispatch(layer)
+    result = packed_linears.finish(torch.nn.ModuleList([embedding, head, inner]),
+                                   timer=lambda entries, rows, use_packed, linear: 1.0)
+    assert result.layers == 2 and set(result.dense_rows) == {"layers", "head"}
+    assert result.packed_bytes == (128 * 64 + 64 * 64) * 4  # the copies as laid out: 100 columns padded to 128
+    assert "_selector" not in getattr(embedding.cpu_linear, "__qualname__", "")
+    assert "_selector" in head.cpu_linear.__qualname__
