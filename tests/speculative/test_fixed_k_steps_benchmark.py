@@ -1,0 +1,46 @@
+"""``benchmarks/fixed_k_steps.py``: its fixed-k draft YAMLs load as the proposer reads them (the
+family's drafts, absolute paths, ``adaptive: false``), bad ``--ks`` are refused, and its table
+reads the harness's results. The engines themselves run in ``python -m benchmarks.fixed_k_steps``
+(docs/speculative.md records a run); the harness is integration-tested by the demo's tests."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from accel_plugin.speculative.draft_config import load_draft_config
+from benchmarks import fixed_k_steps
+
+FAMILY = Path(__file__).resolve().parents[2] / "demo_models" / "smollm2"
+
+
+def test_a_fixed_config_keeps_the_family_drafts_at_a_fixed_k(tmp_path):
+    path = fixed_k_steps.fixed_config(FAMILY / "drafts.yaml", 2, tmp_path)
+    config = load_draft_config(path)
+    assert config.num_speculative_tokens == 2 and not config.controller.adaptive
+    drafts = {name: d.draft for name, d in config.domains.items() if d.draft}
+    assert drafts and all(Path(p).is_absolute() and Path(p).is_dir() for p in drafts.values())
+    assert Path(config.default.draft) == (FAMILY / "drafts" / "general").resolve()
+
+
+@pytest.mark.parametrize("text", ["0", "1,x", "", "17"])
+def test_bad_k_values_are_refused(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="comma-separated k values 1..16"):
+        fixed_k_steps.k_list(text)
+
+
+def test_rows_read_steps_tokens_and_propose_time_from_the_harness():
+    def result(seconds, generated, steps=0, propose=0.0):
+        run = {"name": "fixed|2|0", "seconds": seconds, "seconds_all": [seconds, seconds], "generated": generated,
+               "token_ids": [[1] * (generated // 2)] * 2, "propose_steps": steps, "propose_seconds": propose}
+        return {"runs": [run]}
+
+    plain = result(2.0, 40)
+    ours = fixed_k_steps.row("k=1", result(1.0, 40, steps=20, propose=0.1), plain, 2)  # counters: both rounds
+    assert ours["steps"] == 10 and ours["tokens_per_step"] == 2.0 and ours["step_ms"] == 100.0
+    assert ours["propose_ms"] == pytest.approx(5.0) and ours["ratio"] == pytest.approx(2.0)
+    base = fixed_k_steps.row("plain", plain, None, 2)
+    assert base["steps"] == 20 and base["tokens_per_step"] == 1.0 and base["propose_ms"] is None
+    assert "k=1" in fixed_k_steps.render([base, ours])
