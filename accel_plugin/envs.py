@@ -230,7 +230,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "TGI, CPU, float32: packed copies of the target's matrices while our drafts speculate "
            "(faster multi-row verification; the matrices' bytes again in host memory)", tgi_prepack),
     EnvVar(ACCEL_VLLM_PREPACK, _BOOL_VALID, "on",
-           "vLLM, CPU, float32, eager: native copies of the target's matrices while our drafts speculate "
+           "vLLM, CPU, float32: native copies of the target's matrices while our drafts speculate "
            "(faster steps of one to 64 rows; the matrices' bytes again in host memory)", vllm_prepack),
 )
 _BY_NAME = {var.name: var for var in ENV_VARS}

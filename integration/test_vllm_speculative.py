@@ -74,7 +74,8 @@ def _write_config(root: Path, name: str, text: str) -> Path:
     return path
 
 
-def _run(target, *, spec=None, config=None, batches=BATCHES, max_tokens=MAX_TOKENS, multiprocess=False, env=None):
+def _run(target, *, spec=None, config=None, batches=BATCHES, max_tokens=MAX_TOKENS, multiprocess=False, env=None,
+         compile=False):
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocess else "0", **(env or {})}
     env.pop("ACCEL_DRAFT_CONFIG", None)
     if config is not None:
@@ -82,7 +83,7 @@ def _run(target, *, spec=None, config=None, batches=BATCHES, max_tokens=MAX_TOKE
     cmd = [
         sys.executable, str(SCRIPTS / "vllm_spec_generate.py"), str(target),
         "--batches-json", json.dumps(batches), "--max-tokens-json", json.dumps(max_tokens),
-        "--spec-json", json.dumps(spec),
+        "--spec-json", json.dumps(spec), *(["--compile"] if compile else []),
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     log = proc.stdout + proc.stderr
@@ -119,6 +120,10 @@ def runs(models):
             default: {{draft: {models['partly_good']}}}
             controller: {{adaptive: false}}
         """))
+        # vLLM's CPU default compilation (dynamo traces once; VLLM_CPU_CI_ENV: its eager backend, no
+        # inductor build), the fixed config: the target's copies chosen inside one custom op
+        yield "compiled", dict(spec=spec, batches=[MIXED], max_tokens=[32], compile=True,
+                               env={"VLLM_CPU_CI_ENV": "1"}, config=root / "fixed.yaml")
         yield "oracle", dict(batches=[MIXED], max_tokens=[32], spec={
             "method": "draft_model", "model": str(models["partly_good"]), "num_speculative_tokens": K})
         yield "faults", dict(
@@ -165,6 +170,21 @@ def test_the_targets_matrices_get_native_copies_unless_switched_off(runs):
         assert "target matrices with a copy for the native few-row product" in log, log[-3000:]
     _, off = runs("fixed")
     assert "target matrices left as vLLM has them (ACCEL_VLLM_PREPACK is off: no copies" in off
+
+
+def test_a_compiled_engine_chooses_its_copies_inside_one_op_and_stays_lossless(runs):
+    """vLLM's CPU default (DYNAMO_TRACE_ONCE): dynamo traces the model once, with each layer's
+    choice between the copy and vLLM's product inside ``accel_vllm::target_linear``; the greedy
+    ids are plain's and the drafts verified the same as in the eager engine without copies."""
+    from accel_plugin.kernels import cpu_linear
+
+    compiled, log = runs("compiled")
+    plain, _ = runs("plain")
+    fixed, _ = runs("fixed")
+    assert compiled["token_ids"][0] == plain["token_ids"][0]
+    assert compiled["spec"]["num_accepted_tokens"] == fixed["spec"]["num_accepted_tokens"] > 0
+    if cpu_linear.ops() is not None:
+        assert "compiled: the choice inside accel_vllm::target_linear" in log, log[-3000:]
 
 
 def test_routing_reaches_different_drafts(runs, models):

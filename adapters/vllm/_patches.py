@@ -138,7 +138,7 @@ upstream change that would remove it
 ----------------------------------------------------------------------------------------------------
 target
     ``vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm``, wrapped by our proposer's constructor
-    (CPU, float32, eager, ``ACCEL_VLLM_PREPACK`` not off), put back by its ``load_model``: that engine's
+    (CPU, float32, ``ACCEL_VLLM_PREPACK`` not off), put back by its ``load_model``: that engine's
     layers get a ``cpu_linear`` choosing by row count between vLLM's product and a native copy.
 why
     verifying drafts multiplies 1 to 64 rows per matrix, where the native product beats oneDNN's.

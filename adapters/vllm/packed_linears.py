@@ -1,4 +1,4 @@
-"""Native copies of the target's matrices while our drafts speculate in vLLM (CPU, float32, eager).
+"""Native copies of the target's matrices while our drafts speculate in vLLM (CPU, float32).
 
 Why: vLLM's CPU build multiplies a float32 linear layer with oneDNN (``onednn_mm``, a
 handle made at load time that holds the matrix prepacked; vLLM then drops the layer's
@@ -27,10 +27,12 @@ once for the layers, once for the LM head). Engines without our proposer never s
 the wrapper: it is installed only between the two calls, in the worker building one.
 
 The cost: the copies hold the target's matrices again in host memory (the start-up line
-says how much); ``ACCEL_VLLM_PREPACK=off`` makes none. Where it does not apply (not a
-CPU, a dtype other than float32, tensor parallelism, a compiled model: vLLM's CPU
-default traces the model once with dynamo, and a product chosen by row count would be
-fixed at trace time; the native product not available), nothing changes and the
+says how much); ``ACCEL_VLLM_PREPACK=off`` makes none. In a compiled engine (vLLM's CPU
+default traces the model once with dynamo, ``DYNAMO_TRACE_ONCE``) a Python choice by row
+count would be fixed by that one trace, so there each layer calls one custom op,
+``accel_vllm::target_linear`` (:func:`_target_linear_op`), which dynamo keeps as a call and
+which chooses at every step. Where it does not apply (not a CPU, a dtype other than
+float32, tensor parallelism, the native product not available), nothing changes and the
 start-up line says why.
 """
 
@@ -51,8 +53,11 @@ _PROBE_BYTES = 256 << 20  # the layers' matrices measured: a prefix of at least 
 #: the layers packed while armed: [(layer, vLLM's cpu_linear, copy, rows holder)]
 _pending: list[tuple[Any, Callable, Any, list[int]]] = []
 _ORIGINAL_ATTR = "__accel_original__"
-#: the engine configuration whose target load gets copies (set by :func:`arm`)
-_armed_for: list[Any] = [None]
+#: the engine configuration whose target load gets copies, and whether that engine is compiled
+_armed: dict[str, Any] = {"for": None, "traced": False}
+#: the selectors of compiled engines' layers, by index, with each one's output columns
+_traced: list[tuple[Callable, int]] = []
+_op_holder: list[Callable] = []
 
 
 @dataclass
@@ -63,6 +68,7 @@ class PackedLinears:
     reason: str = ""  #: why nothing was packed ("" when something was)
     dense_rows: dict = field(default_factory=dict)  #: "layers"/"head" -> rows still multiplied by vLLM's product
     packed_bytes: int = 0
+    traced: bool = False  #: a compiled engine: each layer chooses inside ``accel_vllm::target_linear``
 
     def describe(self) -> str:
         if not self.layers:
@@ -72,7 +78,7 @@ class PackedLinears:
 
         return (f"{self.layers} target matrices with a copy for the {cpu_linear.NAME} (+"
                 f"{self.packed_bytes / 2**20:.0f} MiB host memory; vLLM's product kept for {rows}, measured, "
-                f"and above {NATIVE_MAX_ROWS} rows)")
+                f"and above {NATIVE_MAX_ROWS} rows{'; compiled: the choice inside accel_vllm::target_linear' * self.traced})")
 
 
 def why_not(vllm_config: Any, environ=None) -> str | None:
@@ -92,10 +98,6 @@ def why_not(vllm_config: Any, environ=None) -> str | None:
     tp = vllm_config.parallel_config.tensor_parallel_size
     if tp != 1:
         return f"tensor parallel over {tp} ranks"
-    mode = vllm_config.compilation_config.mode
-    if int(mode) != 0:  # CompilationMode.NONE
-        return (f"vLLM compiles the model (compilation mode {getattr(mode, 'name', mode)}); the copies serve "
-                f"eager engines (enforce_eager=True)")
     if cpu_linear.ops(torch.float32, torch.device("cpu")) is None:
         return f"the native product is not available ({cpu_linear.reason()})"
     return None
@@ -127,12 +129,42 @@ def _selector(original: Callable, copy: Any, rows_dense: list[int], linear: Call
     return cpu_linear
 
 
+def _target_linear_op() -> Callable:
+    """``torch.ops.accel_vllm.target_linear(x, index, bias)``: the selector of compiled layer
+    ``index`` as one custom op, so that dynamo traces the choice by row count as a call (made
+    at each step) instead of fixing the branch its one trace took. Defined once per process."""
+    if not _op_holder:
+        @torch.library.custom_op("accel_vllm::target_linear", mutates_args=(),
+                                 schema="(Tensor x, int index, Tensor? bias) -> Tensor")
+        def target_linear(x, index, bias):
+            return _traced[index][0](x, bias)
+
+        @target_linear.register_fake
+        def _(x, index, bias):
+            return x.new_empty((*x.shape[:-1], _traced[index][1]))
+
+        _op_holder.append(torch.ops.accel_vllm.target_linear)
+    return _op_holder[0]
+
+
+def _traced_selector(layer, selector: Callable, n: int) -> Callable:
+    _traced.append((lambda x, bias: selector(x, layer.weight, bias), n))
+    index, op = len(_traced) - 1, _target_linear_op()
+
+    def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return op(x, index, bias)
+
+    return cpu_linear
+
+
 def arm(vllm_config: Any = None) -> None:
     """Wrap vLLM's CPU dispatch (idempotent): float32 matrices loaded from now on under
     ``vllm_config`` (vLLM's current configuration while a worker loads its model; ``None``:
-    any) get a copy."""
+    any) get a copy; a compiled engine's layers (``compilation_config.mode`` not NONE) choose
+    inside one custom op (:func:`_target_linear_op`), an eager one's in Python."""
     utils = _utils()
-    _armed_for[0] = vllm_config
+    mode = getattr(getattr(vllm_config, "compilation_config", None), "mode", 0)
+    _armed.update({"for": vllm_config, "traced": int(mode) != 0})
     if armed():
         return
     original = utils.dispatch_cpu_unquantized_gemm
@@ -145,7 +177,8 @@ def arm(vllm_config: Any = None) -> None:
         if copy is not None and callable(getattr(layer, "cpu_linear", None)):
             rows = [0]
             _pending.append((layer, layer.cpu_linear, copy, rows))
-            layer.cpu_linear = _selector(layer.cpu_linear, copy, rows, ops[1])
+            selector = _selector(layer.cpu_linear, copy, rows, ops[1])
+            layer.cpu_linear = _traced_selector(layer, selector, copy.n) if _armed["traced"] else selector
 
     dispatch_cpu_unquantized_gemm.__doc__ = (original.__doc__ or "") + "\n\n(wrapped by accel-plugin)"
     setattr(dispatch_cpu_unquantized_gemm, _ORIGINAL_ATTR, original)
@@ -159,10 +192,10 @@ def _ops_for(layer) -> tuple | None:
     if not (isinstance(weight, torch.Tensor) and not weight.is_meta and weight.dim() == 2
             and weight.dtype == torch.float32 and weight.device.type == "cpu"):
         return None
-    if _armed_for[0] is not None:
+    if _armed["for"] is not None:
         from vllm.config import get_current_vllm_config_or_none
 
-        if get_current_vllm_config_or_none() is not _armed_for[0]:
+        if get_current_vllm_config_or_none() is not _armed["for"]:
             return None
     from accel_plugin.kernels import cpu_linear
 
@@ -172,7 +205,7 @@ def _ops_for(layer) -> tuple | None:
 def disarm() -> None:
     """Put vLLM's dispatch back (idempotent); layers already packed keep their copies."""
     utils = _utils()
-    _armed_for[0] = None
+    _armed.update({"for": None, "traced": False})
     original = getattr(utils.dispatch_cpu_unquantized_gemm, _ORIGINAL_ATTR, None)
     if original is not None:
         utils.dispatch_cpu_unquantized_gemm = original
@@ -193,6 +226,7 @@ def finish(model: Any, *, timer: Callable = _pass_ms) -> PackedLinears:
     """Disarm, then measure where the copies of ``model``'s layers pay (the LM head apart: a
     ``ParallelLMHead``, else a ``VocabParallelEmbedding`` that serves as one); an input embedding
     beside an LM head keeps no copy (it only gathers), nor do layers packed for another model."""
+    traced = _armed["traced"]
     disarm()
     from accel_plugin.kernels import cpu_linear
 
@@ -212,7 +246,7 @@ def finish(model: Any, *, timer: Callable = _pass_ms) -> PackedLinears:
         embeddings = []
     groups = {"layers": [e for e in entries if not isinstance(e[0], VocabParallelEmbedding)],
               "head": heads or embeddings}
-    result = PackedLinears()
+    result = PackedLinears(traced=traced)
     with torch.no_grad():
         for name, group in groups.items():
             if not group:

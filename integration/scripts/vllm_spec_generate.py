@@ -36,6 +36,7 @@ def main() -> None:
     parser.add_argument("--spec-json", default="null")
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--warmup", action="store_true", help="one untimed generate before the batches")
+    parser.add_argument("--compile", action="store_true", help="vLLM's default compilation instead of enforce_eager")
     args = parser.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -44,7 +45,7 @@ def main() -> None:
     llm = LLM(
         model=args.model,
         dtype=args.dtype,
-        enforce_eager=True,
+        enforce_eager=not args.compile,
         max_model_len=args.max_model_len,
         kv_cache_memory_bytes=64 * 2**20,
         max_num_seqs=16,

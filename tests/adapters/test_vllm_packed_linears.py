@@ -47,11 +47,11 @@ def dispatch():
     (config(device="cuda"), "device cuda, not a CPU"),
     (config(dtype=torch.bfloat16), "dtype torch.bfloat16, not float32"),
     (config(tp=2), "tensor parallel over 2 ranks"),
-    (config(mode=2), "vLLM compiles the model (compilation mode 2); the copies serve eager engines"),
 ])
 def test_where_it_does_not_apply_it_says_why(cfg, reason):
     assert reason in packed_linears.why_not(cfg, environ={})
     assert packed_linears.why_not(config(), environ={}) is None
+    assert packed_linears.why_not(config(mode=2), environ={}) is None  # compiled: the choice in one op
 
 
 def test_accel_vllm_prepack_off_makes_none_and_a_wrong_value_names_the_valid_ones():
@@ -145,3 +145,32 @@ def test_an_input_embedding_beside_an_lm_head_keeps_no_copy(dispatch):
     assert result.packed_bytes == (128 * 64 + 64 * 64) * 4  # the copies as laid out: 100 columns padded to 128
     assert "_selector" not in getattr(embedding.cpu_linear, "__qualname__", "")
     assert "_selector" in head.cpu_linear.__qualname__
+
+
+def test_a_compiled_engine_chooses_at_every_call_inside_one_traced_op(dispatch, monkeypatch):
+    """vLLM's CPU default traces the model once (DYNAMO_TRACE_ONCE): a compiled engine's layers
+    call ``accel_vllm::target_linear``, which dynamo keeps whole (fullgraph, dynamic rows), so
+    the copy still serves 1 to 64 rows and vLLM's product the others, call by call."""
+    from vllm import config as vllm_config_module
+
+    gen = torch.Generator().manual_seed(4)
+    engine = config(mode=2)
+    monkeypatch.setattr(vllm_config_module, "get_current_vllm_config_or_none", lambda: engine)
+    calls = []
+    native = cpu_linear.linear
+    monkeypatch.setattr(cpu_linear, "linear", lambda *a: calls.append(a[0].shape[0]) or native(*a))
+    layer = Layer(80, 64, gen)
+    weight = layer.weight.detach().clone()
+    packed_linears.arm(engine)
+    dispatch(layer)
+    result = packed_linears.finish(torch.nn.ModuleList([layer]),
+                                   timer=lambda entries, rows, use_packed, linear: 1.5 if use_packed else rows)
+    assert result.traced and "compiled: the choice inside accel_vllm::target_linear" in result.describe()
+    bias = torch.randn(80, generator=gen)
+    compiled = torch.compile(lambda x: layer.cpu_linear(x, layer.weight, bias), backend="eager", fullgraph=True,
+                             dynamic=True)
+    for rows, by_copy in ((1, False), (3, True), (64, True), (65, False), (2, True)):
+        calls.clear()
+        x = torch.randn(rows, 64, generator=gen)
+        torch.testing.assert_close(compiled(x), F.linear(x, weight, bias), rtol=1e-4, atol=1e-4)
+        assert calls == ([rows] if by_copy else []), rows

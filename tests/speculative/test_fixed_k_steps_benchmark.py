@@ -6,14 +6,17 @@ reads the harness's results. The engines themselves run in ``python -m benchmark
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from pathlib import Path
 
 import pytest
 
 from accel_plugin.speculative.draft_config import load_draft_config
-from benchmarks import fixed_k_steps
-
-FAMILY = Path(__file__).resolve().parents[2] / "demo_models" / "smollm2"
+ROOT = Path(__file__).resolve().parents[2]
+FAMILY = ROOT / "demo_models" / "smollm2"
+_spec = importlib.util.spec_from_file_location("fixed_k_steps", ROOT / "benchmarks" / "fixed_k_steps.py")
+fixed_k_steps = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fixed_k_steps)
 
 
 def test_a_fixed_config_keeps_the_family_drafts_at_a_fixed_k(tmp_path):
