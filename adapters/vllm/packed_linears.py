@@ -55,8 +55,9 @@ _pending: list[tuple[Any, Callable, Any, list[int]]] = []
 _ORIGINAL_ATTR = "__accel_original__"
 #: the engine configuration whose target load gets copies, and whether that engine is compiled
 _armed: dict[str, Any] = {"for": None, "traced": False}
-#: the selectors of compiled engines' layers, by index, with each one's output columns
-_traced: list[tuple[Callable, int]] = []
+#: the selectors of compiled engines' layers, by index, with each one's output columns; the index of each layer
+_traced: list[tuple[Callable | None, int]] = []
+_traced_index: dict[int, int] = {}
 _op_holder: list[Callable] = []
 
 
@@ -150,6 +151,7 @@ def _target_linear_op() -> Callable:
 def _traced_selector(layer, selector: Callable, n: int) -> Callable:
     _traced.append((lambda x, bias: selector(x, layer.weight, bias), n))
     index, op = len(_traced) - 1, _target_linear_op()
+    _traced_index[id(layer)] = index
 
     def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return op(x, index, bias)
@@ -243,6 +245,8 @@ def finish(model: Any, *, timer: Callable = _pass_ms) -> PackedLinears:
     if heads:  # an input embedding only gathers rows: its copy is dropped, vLLM's product back
         for layer, original, _, _ in embeddings:
             layer.cpu_linear = original
+            if id(layer) in _traced_index:  # a compiled engine's: its selector (and copy) go too
+                _traced[_traced_index.pop(id(layer))] = (None, 0)
         embeddings = []
     groups = {"layers": [e for e in entries if not isinstance(e[0], VocabParallelEmbedding)],
               "head": heads or embeddings}

@@ -122,9 +122,11 @@ def test_disarm_puts_vllms_dispatch_back_and_nothing_is_packed_without_arm(dispa
     assert result.layers == 0 and "left as vLLM has them" in result.describe()
 
 
-def test_an_input_embedding_beside_an_lm_head_keeps_no_copy(dispatch):
+@pytest.mark.parametrize("compiled", [0, 2])
+def test_an_input_embedding_beside_an_lm_head_keeps_no_copy(dispatch, monkeypatch, compiled):
     """A tied LM head (SmolLM2's) is a ``ParallelLMHead`` sharing the embedding's matrix: both
     pass vLLM's dispatch, only the head multiplies; the embedding gets vLLM's product back."""
+    from vllm import config as vllm_config_module
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
     gen = torch.Generator().manual_seed(3)
@@ -136,7 +138,8 @@ def test_an_input_embedding_beside_an_lm_head_keeps_no_copy(dispatch):
         return layer
 
     embedding, head, inner = blank(VocabParallelEmbedding), blank(ParallelLMHead), Layer(64, 64, gen)
-    packed_linears.arm()
+    packed_linears.arm(config(mode=compiled))
+    monkeypatch.setattr(vllm_config_module, "get_current_vllm_config_or_none", lambda: packed_linears._armed["for"])
     for layer in (embedding, head, inner):
         dispatch(layer)
     result = packed_linears.finish(torch.nn.ModuleList([embedding, head, inner]),
@@ -145,6 +148,9 @@ def test_an_input_embedding_beside_an_lm_head_keeps_no_copy(dispatch):
     assert result.packed_bytes == (128 * 64 + 64 * 64) * 4  # the copies as laid out: 100 columns padded to 128
     assert "_selector" not in getattr(embedding.cpu_linear, "__qualname__", "")
     assert "_selector" in head.cpu_linear.__qualname__
+    # nothing holds the embedding's copy any more (a compiled engine's op table included)
+    assert all(selector is None or selector.__closure__ is None or embedding not in
+               [c.cell_contents for c in selector.__closure__] for selector, _ in packed_linears._traced)
 
 
 def test_a_compiled_engine_chooses_at_every_call_inside_one_traced_op(dispatch, monkeypatch):
