@@ -58,8 +58,8 @@ def test_one_plugin_manager_per_process():
 
 def test_every_patch_in_the_ledger_is_applied_and_undone(tiny_model_dir, tmp_path):
     """With ACCEL_ATTENTION_BACKEND=flash and ACCEL_DRAFT_CONFIG on CPU: names, selector,
-    CPU_ATTN override, sampler fix and no-draft sampling are applied; undo_all() gives vLLM its own selection
-    back (the names stay, inert)."""
+    CPU_ATTN override, sampler fix and no-draft sampling are applied (the target copies are not: the
+    proposer's); undo_all() gives vLLM its own selection back (the names stay, inert)."""
     config = tmp_path / "drafts.yaml"
     config.write_text(f"num_speculative_tokens: 2\ndefault: {{draft: {tiny_model_dir('gqa-d32')}}}\n")
     out = _run("""
@@ -76,7 +76,8 @@ def test_every_patch_in_the_ledger_is_applied_and_undone(tiny_model_dir, tmp_pat
                    "cpu_path": AttentionBackendEnum.CPU_ATTN.get_path(),
                    "sampler_fix": _patches.sampler_fix_installed(),
                    "sampler_ok": not _patches.expand_batch_to_tokens_broken(),
-                   "no_draft_sampling": _patches.no_draft_sampling_installed()}
+                   "no_draft_sampling": _patches.no_draft_sampling_installed(),
+                   "target_copies": _patches.TARGET_COPIES.applied}
         _patches.undo_all()
         undone = {"selector": _patches.installed(CpuPlatform),
                   "cpu_override": _patches.cpu_override_active(),
@@ -95,8 +96,10 @@ def test_every_patch_in_the_ledger_is_applied_and_undone(tiny_model_dir, tmp_pat
     assert out["applied"] == {"names": ["ACCEL_FLASH", "ACCEL_PAGED"], "selector": True, "cpu_override": True,
                               "cpu_path": "accel_plugin.adapters.vllm.backend.AccelFlashBackend",
                               "sampler_fix": out["broken_before"], "sampler_ok": True,
-                              "no_draft_sampling": True}
-    assert out["ledger"][-1] == "no-draft sampling"
+                              "no_draft_sampling": True, "target_copies": False}
+    # patch 10 is the proposer's, armed only between its construction and load_model (tests/adapters,
+    # integration/test_vllm_speculative.py): register() leaves vLLM's CPU dispatch alone
+    assert out["ledger"][-2:] == ["no-draft sampling", "target native copies"]
     assert out["undone"] == {"selector": False, "cpu_override": False, "cpu_path_restored": True,
                              "sampler_fix": False, "no_draft_sampling": False}
 
