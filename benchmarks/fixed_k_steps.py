@@ -27,7 +27,7 @@ import yaml
 
 from accel_plugin.demo.family import as_model_input, default_models_dir, load_prompts
 from accel_plugin.demo.plan import open_family
-from accel_plugin.demo.report import paired_ratio, summarise
+from accel_plugin.demo.report import engine_lines, paired_ratio, summarise
 
 
 def k_list(text: str) -> tuple[int, ...]:
@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{family.name}, set {args.set}, batch {args.batch}, up to {args.max_tokens} tokens per prompt, "
           f"{args.rounds} rounds; ratio: median of paired rounds against plain; ms/step: the fastest round's "
           "time over the steps of a round")
+    print("\n".join(engine_lines(results)))
     print(render(rows))
     return 0
 

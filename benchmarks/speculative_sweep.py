@@ -28,7 +28,7 @@ from accel_plugin.demo.compare import CONTROL, step_lines
 from accel_plugin.demo.family import as_model_input, default_models_dir, load_prompts
 from accel_plugin.demo.peers import PEERS
 from accel_plugin.demo.plan import open_family
-from accel_plugin.demo.report import paired_ratio, summarise
+from accel_plugin.demo.report import engine_lines, paired_ratio, summarise
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = rows_from(results, args.batches, step)
     print(f"{family.name}, set {args.set}, {args.max_tokens} tokens per prompt, {args.rounds} rounds; "
           "ratios: median of paired rounds; gate/pred/meas: the controller's step model per batch bucket")
+    print("\n".join(engine_lines(results)))
     print(render(rows))
     print("the controller at the end of the run, per batch bucket and domain mix:")
     print("\n".join(step_lines(step)))

@@ -280,6 +280,17 @@ def _fmt(value: float | None, spec: str, none: str = "-") -> str:
     return none if value is None else format(value, spec)
 
 
+def engine_lines(engines: dict[str, dict]) -> list[str]:
+    """What each engine really ran, as read back from vLLM (``run_side_by_side``'s results or the
+    report's ``engines``): its attention backend and speculative method, and with our proposer
+    what the target's matrices multiply by."""
+    lines = ["attention backend each engine used (read back): " + "; ".join(
+        f"{name} {', '.join(e.get('attention_backends') or ['?'])}"
+        + (f" (method {e['method']})" if e.get("method") else "") for name, e in engines.items())]
+    return lines + [f"target products of {name} (read back): {'; '.join(e['target_products'])}"
+                    for name, e in engines.items() if e.get("target_products")]
+
+
 def render(report: dict, titles: dict[str, str]) -> str:
     from .compare import CONTROL, render_comparison, step_lines
 
@@ -292,11 +303,7 @@ def render(report: dict, titles: dict[str, str]) -> str:
         f"{st['dtype']}, k_max {st['num_speculative_tokens']}, up to {st['max_tokens']} tokens per prompt"
         f"{' (ends at end of answer)' if not st.get('ignore_eos', True) else ''}; batch 1 = {st['batch1_prompts']} "
         f"prompts one at a time, batch 8 = 8 prompts together; {st['repeats']} round(s)")
-    lines.append("attention backend each engine used (read back): " + "; ".join(
-        f"{name} {', '.join(e.get('attention_backends') or ['?'])}"
-        + (f" (method {e['method']})" if e.get("method") else "") for name, e in report["engines"].items()))
-    lines += [f"target products of {name} (read back): {'; '.join(e['target_products'])}"
-              for name, e in report["engines"].items() if e.get("target_products")]
+    lines += engine_lines(report["engines"])
     lines.append("tok/s = the median round; ratio = the median of the rounds' paired ratios; pred = the "
                  "controller's formula at that batch size; propose ms = the whole propose() call per step")
     for name, cfg in report["configs"].items():

@@ -47,3 +47,14 @@ def test_rows_read_steps_tokens_and_propose_time_from_the_harness():
     base = fixed_k_steps.row("plain", plain, None, 2)
     assert base["steps"] == 20 and base["tokens_per_step"] == 1.0 and base["propose_ms"] is None
     assert "k=1" in fixed_k_steps.render([base, ours])
+
+
+def test_the_engines_are_named_with_what_they_really_ran():
+    """Both benchmarks print ``engine_lines`` of the harness's results before their table."""
+    from accel_plugin.demo.report import engine_lines
+
+    lines = engine_lines({"plain": {"attention_backends": ["CPU_ATTN"], "method": None},
+                          "k=1": {"attention_backends": ["CPU_ATTN"], "method": "custom_class",
+                                  "target_products": ["121 target matrices with a copy"]}})
+    assert lines == ["attention backend each engine used (read back): plain CPU_ATTN; k=1 CPU_ATTN "
+                     "(method custom_class)", "target products of k=1 (read back): 121 target matrices with a copy"]
