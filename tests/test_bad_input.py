@@ -121,6 +121,8 @@ CLI_ROWS = [
     _cli(("tune-draft",), "--batch-size", TUNE, "--batch-size", "inf", needle="expected an integer >= 1; got 'inf'"),
     *_numbers(("tune-draft",), TUNE, "--lr", "must be > 0.0 and <= 1.0", "nan", "inf", "0", "1.5"),
     _cli(("tune-draft",), "--loss", TUNE, "--loss", "mse", needle="(choose from 'kl', 'nll')"),
+    _cli(("tune-draft",), "--lr-schedule", TUNE, "--lr-schedule", "linear",
+         needle="(choose from 'constant', 'cosine')"),
     *_numbers(("tune-draft",), TUNE, "--gen-tokens", "must be >= 1 and <= 1024", "0", "2000"),
     *_numbers(("tune-draft",), TUNE, "--gen-batch-size", "must be >= 1 and <= 1024", "0"),
     *_numbers(("tune-draft",), TUNE, "--holdout", "must be > 0.0, a whole number when >= 1",

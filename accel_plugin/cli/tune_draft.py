@@ -81,6 +81,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompts per step (default %(default)s)")
     parser.add_argument("--lr", type=number_arg(ranges["lr"]), default=default["lr"],
                         help="AdamW learning rate (default %(default)s)")
+    parser.add_argument("--lr-schedule", choices=choices["lr_schedule"], default=default["lr_schedule"],
+                        help="constant: the learning rate after a 10-step warm-up; cosine: then decayed to a tenth "
+                             "of it by --steps (a resumed run with a larger --steps follows the new curve) "
+                             "(default %(default)s)")
     parser.add_argument("--loss", choices=choices["loss"], default=default["loss"],
                         help="kl: match the target's top-k probabilities; nll: its greedy tokens (default %(default)s)")
     parser.add_argument("--gen-tokens", type=number_arg(ranges["gen_tokens"]), default=default["gen_tokens"],
@@ -109,6 +113,7 @@ def settings_from_args(args: argparse.Namespace) -> TuneSettings:
         target=args.target, prompts=args.prompts, out=args.out, draft=args.draft,
         from_target_layers=args.from_target_layers, train_layers=args.train_layers, head_vocab=args.head_vocab,
         chat=args.chat, held_out=args.held_out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+        lr_schedule=args.lr_schedule,
         loss=args.loss, gen_tokens=args.gen_tokens, gen_batch_size=args.gen_batch_size, holdout=args.holdout,
         k=args.k, checkpoint_every=args.checkpoint_every, seed=args.seed, threads=args.threads,
         save_dtype=args.save_dtype, resume=not args.no_resume,

@@ -17,9 +17,11 @@ A draft with a pruned head (``draft.head_vocab``) is trained over its own tokens
 the target's probabilities are restricted to them and renormalised; greedy tokens
 outside them do not count.
 
-Training: AdamW, a 10-step warm-up then a constant learning rate, gradient norm
-clipped at 1.0. Batches are drawn with a generator seeded by ``(seed, step)``, so a
-run resumed from a checkpoint does exactly what an uninterrupted run would.
+Training: AdamW, a 10-step warm-up then a constant learning rate (``lr_schedule``
+``constant``) or one decayed along a cosine to a tenth of it at ``steps``
+(``cosine``), gradient norm clipped at 1.0. Batches are drawn with a generator
+seeded by ``(seed, step)``, so a run resumed from a checkpoint does exactly what an
+uninterrupted run would (with ``cosine``, one of the same ``steps``).
 Checkpoints (``step-000100.pt``: draft weights, optimiser state, the step) go to
 ``checkpoints/`` every ``checkpoint_every`` steps and at the end.
 """
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -37,9 +40,21 @@ from .acceptance import greedy_continuations
 from .errors import TuningError
 from .settings import TrainingSettings
 
-__all__ = ["DistillSettings", "build_dataset", "distill", "latest_checkpoint"]
+__all__ = ["DistillSettings", "build_dataset", "distill", "latest_checkpoint", "lr_factor"]
 
 WARMUP_STEPS = 10
+#: ``cosine``: the learning rate at the last step, as a share of ``lr``
+COSINE_FLOOR = 0.1
+
+
+def lr_factor(step: int, settings: TrainingSettings) -> float:
+    """The share of ``settings.lr`` at optimiser step ``step`` (0-based): the warm-up,
+    then 1 (``constant``) or a cosine from 1 down to :data:`COSINE_FLOOR` at ``steps``."""
+    warm = min(1.0, (step + 1) / WARMUP_STEPS)
+    if settings.lr_schedule == "constant" or step < WARMUP_STEPS:
+        return warm
+    done = min(1.0, (step - WARMUP_STEPS) / max(1, settings.steps - 1 - WARMUP_STEPS))
+    return COSINE_FLOOR + (1.0 - COSINE_FLOOR) * 0.5 * (1.0 + math.cos(math.pi * done))
 
 
 @dataclass(frozen=True)
@@ -146,7 +161,7 @@ def distill(draft, dataset: list[dict], settings: DistillSettings, ckpt_dir: Pat
     import torch.nn.functional as F
 
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=settings.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / WARMUP_STEPS))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, settings))
     start, losses = 0, []
     last = latest_checkpoint(ckpt_dir)
     if last is not None:

@@ -31,6 +31,8 @@ class TrainingSettings:
     batch_size: int = 8
     #: AdamW learning rate
     lr: float = 1e-3
+    #: constant: the learning rate after the warm-up; cosine: decayed to a tenth of it by ``steps``
+    lr_schedule: str = "constant"
     #: kl: match the target's top-k probabilities; nll: its greedy tokens
     loss: str = "kl"
     #: target tokens generated per prompt
@@ -100,6 +102,7 @@ class TuneSettings(TrainingSettings):
     }
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
         "loss": ("kl", "nll"),
+        "lr_schedule": ("constant", "cosine"),
         "save_dtype": ("auto", "float32", "bfloat16"),
     }
 

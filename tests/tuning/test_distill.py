@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from accel_plugin.tuning.distill import DistillSettings, _batch
+from accel_plugin.tuning.distill import COSINE_FLOOR, WARMUP_STEPS, DistillSettings, _batch, lr_factor
 
 
 def item(ids, prompt_len, top_k=2):
@@ -30,3 +30,15 @@ def test_the_data_key_ignores_steps_but_not_the_data(tmp_path):
     assert DistillSettings(steps=4, checkpoint_every=1).data_key(a, b, ["p"]) == key
     assert DistillSettings(steps=2, lr=0.5).data_key(a, b, ["p"]) != key
     assert DistillSettings(steps=2).data_key(a, b, ["q"]) != key
+    assert DistillSettings(steps=2, lr_schedule="cosine").data_key(a, b, ["p"]) != key
+
+
+def test_the_learning_rate_warms_up_then_stays_or_follows_a_cosine_to_its_floor():
+    constant, cosine = DistillSettings(steps=110), DistillSettings(steps=110, lr_schedule="cosine")
+    warm = [lr_factor(s, constant) for s in range(WARMUP_STEPS)]
+    assert warm == [lr_factor(s, cosine) for s in range(WARMUP_STEPS)] == [(s + 1) / WARMUP_STEPS for s in range(10)]
+    assert {lr_factor(s, constant) for s in range(WARMUP_STEPS, 110)} == {1.0}
+    curve = [lr_factor(s, cosine) for s in range(WARMUP_STEPS, 110)]
+    assert curve[0] == 1.0 and abs(curve[-1] - COSINE_FLOOR) < 1e-12
+    assert all(a > b for a, b in zip(curve, curve[1:]))  # it only goes down
+    assert abs(curve[len(curve) // 2] - (1 + COSINE_FLOOR) / 2) < 0.02  # half way: half way down

@@ -59,6 +59,7 @@ def test_bench_settings_defaults_are_the_flags_defaults():
     ({"k": 17}, "--k: must be >= 1 and <= 16; got 17"),
     ({"batch_size": "8"}, "--batch-size: expected an integer >= 1; got '8'"),
     ({"loss": "mse"}, "--loss: must be one of kl, nll; got 'mse'"),
+    ({"lr_schedule": "linear"}, "--lr-schedule: must be one of constant, cosine; got 'linear'"),
     ({"save_dtype": "float16"}, "--save-dtype: must be one of auto, float32, bfloat16"),
     ({"draft": None}, "give one of --draft and --from-target-layers"),
     ({"from_target_layers": [0, 1]}, "give one of --draft and --from-target-layers"),
