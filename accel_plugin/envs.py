@@ -34,6 +34,7 @@ __all__ = [
     "ENV_VARS",
     "EnvVar",
     "EnvVarError",
+    "VLLM_PREPACK_AUTO",
     "attention_backend",
     "check_all",
     "draft_config_path",
@@ -166,11 +167,18 @@ def tgi_prepack(environ: Mapping[str, str] | None = None) -> bool:
     return True if raw is None or raw.strip() == "" else _bool(ACCEL_TGI_PREPACK, raw)
 
 
-def vllm_prepack(environ: Mapping[str, str] | None = None) -> bool:
+#: Valid values of ACCEL_VLLM_PREPACK besides the on/off words.
+VLLM_PREPACK_AUTO = "auto"
+
+
+def vllm_prepack(environ: Mapping[str, str] | None = None) -> str:
     """ACCEL_VLLM_PREPACK: whether vLLM's target matrices get native copies while our drafts
-    speculate (adapters/vllm/packed_linears.py); on when unset or empty."""
+    speculate (adapters/vllm/packed_linears.py): ``"auto"`` (unset or empty: eager engines
+    only), ``"on"`` (compiled engines too) or ``"off"``."""
     raw = _env(environ).get(ACCEL_VLLM_PREPACK)
-    return True if raw is None or raw.strip() == "" else _bool(ACCEL_VLLM_PREPACK, raw)
+    if raw is None or raw.strip() == "" or raw.strip().lower() == VLLM_PREPACK_AUTO:
+        return VLLM_PREPACK_AUTO
+    return "on" if _bool(ACCEL_VLLM_PREPACK, raw) else "off"
 
 
 def metrics_log_interval(environ: Mapping[str, str] | None = None) -> float:
@@ -229,9 +237,11 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(ACCEL_TGI_PREPACK, _BOOL_VALID, "on",
            "TGI, CPU, float32: packed copies of the target's matrices while our drafts speculate "
            "(faster multi-row verification; the matrices' bytes again in host memory)", tgi_prepack),
-    EnvVar(ACCEL_VLLM_PREPACK, _BOOL_VALID, "on",
+    EnvVar(ACCEL_VLLM_PREPACK, f"{VLLM_PREPACK_AUTO}, or {_BOOL_VALID}", VLLM_PREPACK_AUTO,
            "vLLM, CPU, float32: native copies of the target's matrices while our drafts speculate "
-           "(faster steps of one to 64 rows; the matrices' bytes again in host memory)", vllm_prepack),
+           "(faster eager steps of one to 64 rows; the matrices' bytes again in host memory); auto: in "
+           "eager engines only (in a compiled one, vLLM's default, they measured no faster), on: in "
+           "compiled ones too", vllm_prepack),
 )
 _BY_NAME = {var.name: var for var in ENV_VARS}
 

@@ -121,9 +121,10 @@ def runs(models):
             controller: {{adaptive: false}}
         """))
         # vLLM's CPU default compilation (dynamo traces once; VLLM_CPU_CI_ENV: its eager backend, no
-        # inductor build), the fixed config: the target's copies chosen inside one custom op
+        # inductor build), the fixed config: the target's copies (ACCEL_VLLM_PREPACK=on: a compiled
+        # engine gets none by default) chosen inside one custom op
         yield "compiled", dict(spec=spec, batches=[MIXED], max_tokens=[32], compile=True,
-                               env={"VLLM_CPU_CI_ENV": "1"}, config=root / "fixed.yaml")
+                               env={"VLLM_CPU_CI_ENV": "1", "ACCEL_VLLM_PREPACK": "on"}, config=root / "fixed.yaml")
         yield "oracle", dict(batches=[MIXED], max_tokens=[32], spec={
             "method": "draft_model", "model": str(models["partly_good"]), "num_speculative_tokens": K})
         yield "faults", dict(
@@ -173,8 +174,10 @@ def test_the_targets_matrices_get_native_copies_unless_switched_off(runs):
 
 
 def test_a_compiled_engine_chooses_its_copies_inside_one_op_and_stays_lossless(runs):
-    """vLLM's CPU default (DYNAMO_TRACE_ONCE): dynamo traces the model once, with each layer's
-    choice between the copy and vLLM's product inside ``accel_vllm::target_linear``; the greedy
+    """vLLM's CPU default (DYNAMO_TRACE_ONCE) with ACCEL_VLLM_PREPACK=on (by default a compiled
+    engine gets no copies: tests/adapters/test_vllm_packed_linears.py): dynamo traces the model
+    once, with each layer's choice between the copy and vLLM's product inside
+    ``accel_vllm::target_linear``; the greedy
     ids are plain's and the drafts verified the same as in the eager engine without copies."""
     from accel_plugin.kernels import cpu_linear
 

@@ -60,7 +60,7 @@ ENV_ROWS = [
     Row("env", "ACCEL_PLUGINS", "a,,b", "valid values: a comma-separated list of plugin names without empty items"),
     Row("env", "ACCEL_TRACE", "verbose", BOOL),
     Row("env", "ACCEL_TGI_PREPACK", "sometimes", BOOL),
-    Row("env", "ACCEL_VLLM_PREPACK", "sometimes", BOOL),
+    Row("env", "ACCEL_VLLM_PREPACK", "sometimes", "valid values: auto, or 1/0, true/false, yes/no, on/off"),
     Row("env", "ACCEL_METRICS", "maybe", BOOL),
     Row("env", "ACCEL_METRICS_LOG_INTERVAL", "nan", "valid values: a number of seconds >= 0"),
     Row("env", "ACCEL_METRICS_LOG_INTERVAL", "inf", "valid values: a number of seconds >= 0"),

@@ -27,8 +27,10 @@ once for the layers, once for the LM head). Engines without our proposer never s
 the wrapper: it is installed only between the two calls, in the worker building one.
 
 The cost: the copies hold the target's matrices again in host memory (the start-up line
-says how much); ``ACCEL_VLLM_PREPACK=off`` makes none. In a compiled engine (vLLM's CPU
-default traces the model once with dynamo, ``DYNAMO_TRACE_ONCE``) a Python choice by row
+says how much); ``ACCEL_VLLM_PREPACK=off`` makes none. A compiled engine (vLLM's CPU
+default traces the model once with dynamo, ``DYNAMO_TRACE_ONCE``) gets none unless
+``ACCEL_VLLM_PREPACK=on``: there its own products measured as fast as the copies (1.00x at
+batch 1, 0.98x at batch 8, docs/speculative.md). With ``on``, a Python choice by row
 count would be fixed by that one trace, so there each layer calls one custom op,
 ``accel_vllm::target_linear`` (:func:`_target_linear_op`), which dynamo keeps as a call and
 which chooses at every step. Where it does not apply (not a CPU, a dtype other than
@@ -88,7 +90,8 @@ def why_not(vllm_config: Any, environ=None) -> str | None:
     from accel_plugin import envs
     from accel_plugin.kernels import cpu_linear
 
-    if not envs.vllm_prepack(environ):
+    setting = envs.vllm_prepack(environ)
+    if setting == "off":
         return f"{envs.ACCEL_VLLM_PREPACK} is off: no copies, no extra host memory"
     device = str(getattr(vllm_config.device_config, "device_type", vllm_config.device_config.device))
     if device != "cpu":
@@ -101,6 +104,10 @@ def why_not(vllm_config: Any, environ=None) -> str | None:
         return f"tensor parallel over {tp} ranks"
     if cpu_linear.ops(torch.float32, torch.device("cpu")) is None:
         return f"the native product is not available ({cpu_linear.reason()})"
+    mode = getattr(getattr(vllm_config, "compilation_config", None), "mode", 0)
+    if setting == envs.VLLM_PREPACK_AUTO and int(mode or 0) != 0:
+        return (f"a compiled engine ({getattr(mode, 'name', mode)}): its own products measured as fast as the "
+                f"copies (docs/speculative.md); {envs.ACCEL_VLLM_PREPACK}=on makes them")
     return None
 
 

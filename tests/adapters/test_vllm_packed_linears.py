@@ -51,12 +51,18 @@ def dispatch():
 def test_where_it_does_not_apply_it_says_why(cfg, reason):
     assert reason in packed_linears.why_not(cfg, environ={})
     assert packed_linears.why_not(config(), environ={}) is None
-    assert packed_linears.why_not(config(mode=2), environ={}) is None  # compiled: the choice in one op
+    # a compiled engine: none by default (vLLM's compiled products measured as fast), with "on" the choice in one op
+    assert "a compiled engine (2)" in packed_linears.why_not(config(mode=2), environ={})
+    assert "ACCEL_VLLM_PREPACK=on makes them" in packed_linears.why_not(config(mode=2), environ={})
+    assert packed_linears.why_not(config(mode=2), environ={"ACCEL_VLLM_PREPACK": "on"}) is None
+    assert packed_linears.why_not(config(mode=0), environ={"ACCEL_VLLM_PREPACK": " Auto "}) is None
 
 
 def test_accel_vllm_prepack_off_makes_none_and_a_wrong_value_names_the_valid_ones():
     assert "ACCEL_VLLM_PREPACK is off" in packed_linears.why_not(config(), environ={"ACCEL_VLLM_PREPACK": "off"})
-    with pytest.raises(envs.EnvVarError, match="ACCEL_VLLM_PREPACK.*1/0, true/false, yes/no, on/off"):
+    assert envs.vllm_prepack({}) == envs.vllm_prepack({"ACCEL_VLLM_PREPACK": ""}) == "auto"
+    assert envs.vllm_prepack({"ACCEL_VLLM_PREPACK": "1"}) == "on" and envs.vllm_prepack({"ACCEL_VLLM_PREPACK": "no"}) == "off"
+    with pytest.raises(envs.EnvVarError, match="ACCEL_VLLM_PREPACK.*auto, or 1/0, true/false, yes/no, on/off"):
         packed_linears.why_not(config(), environ={"ACCEL_VLLM_PREPACK": "sometimes"})
 
 
