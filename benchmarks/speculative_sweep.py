@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.speculative_sweep                 # defaults below
     .venv/bin/python -m benchmarks.speculative_sweep --batches 1,8,32 --max-tokens 16 --set repeat
+    .venv/bin/python -m benchmarks.speculative_sweep --batches 1,8,64 --compile   # vLLM's default compiled engines
 
 Four engines of the `accel demo` harness (accel_plugin.adapters.vllm.demo.run_side_by_side,
 single-process vLLM CPU build, SmolLM2-135M-Instruct of demo_models/smollm2), started in
@@ -52,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--set", default="support", help="prompt set of the family (default: %(default)s)")
     parser.add_argument("--models", type=Path, default=default_models_dir(), help="demo family folder")
     parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
+    parser.add_argument("--compile", action="store_true",
+                        help="every engine compiled as vLLM's CPU default does (its compilation mode, read back, "
+                             "is printed) instead of eager; minutes more per engine at start")
     args = parser.parse_args(argv)
     if args.max_tokens < 1 or args.rounds < 1:
         parser.error("--max-tokens and --rounds must be >= 1")
@@ -123,11 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     results = run_side_by_side(target, configs, warmup=warmup, timed=timed, repeats=args.rounds,
                                max_tokens=args.max_tokens, ignore_eos=family.ignore_eos,
                                max_model_len=family.max_model_len, max_num_seqs=max(16, most),
-                               kv_cache_mib=max(128, most * 256 * 48 // 1024),
+                               kv_cache_mib=max(128, most * 256 * 48 // 1024), compile=args.compile,
                                progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
     step = last_step_stats(results)
     rows = rows_from(results, args.batches, step)
-    print(f"{family.name}, set {args.set}, {args.max_tokens} tokens per prompt, {args.rounds} rounds; "
+    print(f"{family.name}, set {args.set}, {args.max_tokens} tokens per prompt, {args.rounds} rounds, "
+          f"{'compiled' if args.compile else 'eager'} engines; "
           "ratios: median of paired rounds; gate/pred/meas: the controller's step model per batch bucket")
     print("\n".join(engine_lines(results)))
     print(render(rows))

@@ -73,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "read against each other on the same rows, this machine's engine-to-engine spread); "
                              "faster, but plain then starts first, and the first engine started read 3-10%% slower "
                              "than later ones on a 2-core CPU")
+    parser.add_argument("--compile", action="store_true",
+                        help="every engine compiled as vLLM's CPU default does (dynamo and inductor; about a "
+                             "minute more per engine at start) instead of eager (enforce_eager)")
     parser.add_argument("--json", type=output_file_arg(".json", Path), metavar="PATH", help="also write every number to this JSON file")
 
 
@@ -92,7 +95,7 @@ def settings_from_args(args: argparse.Namespace) -> DemoSettings:
     return DemoSettings(max_tokens=args.max_tokens, batch1_prompts=args.batch1_prompts, repeats=args.repeats,
                         untuned=not args.no_untuned, attention=args.attention, dtype=args.dtype, models=args.models,
                         peers=() if args.no_peers else parse_peers(args.peers), mixed=not args.no_mixed,
-                        control=not args.no_control)
+                        control=not args.no_control, compile=args.compile)
 
 
 def run(args: argparse.Namespace) -> int:

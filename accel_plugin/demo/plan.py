@@ -69,6 +69,9 @@ class DemoSettings:
     #: a second plain engine, started first (``--no-control`` skips it): what two identical
     #: engines read against each other on the same rows, this machine's engine-to-engine spread
     control: bool = True
+    #: every engine compiled as vLLM's CPU default does (``--compile``) instead of eager
+    #: (``enforce_eager``: minutes less at start)
+    compile: bool = False
 
     RANGES: ClassVar[dict[str, Range]] = {
         "max_tokens": Range(int, 1, MAX_TOKENS_LIMIT),
@@ -159,6 +162,9 @@ class DemoPlan:
         if self.poor:
             lines.append(f"  the {self.poor} engine is not warmed up on {family.goal_domain}: its cost counts from "
                          "the first request")
+        lines.append("  engines: " + ("compiled, vLLM's CPU default (its compilation mode is read back below)"
+                                      if self.settings.compile else "eager (enforce_eager) in every configuration; "
+                                      "--compile runs vLLM's default compiled engines"))
         lines.append(f"  one engine per configuration, all alive at once; each timed generate runs on every engine "
                      f"in turn, {self.settings.repeats} time(s)")
         lines += [f"  then, untimed, on {'/'.join(e['configs'])}: the {len(e['prompts'])} prompts of "
@@ -173,7 +179,7 @@ class DemoPlan:
                 "untimed": self.untimed,
                 "max_tokens": s.max_tokens, "dtype": s.dtype, "repeats": s.repeats,
                 "num_speculative_tokens": NUM_SPECULATIVE_TOKENS, "ignore_eos": self.family.ignore_eos,
-                "max_model_len": self.family.max_model_len, "progress": progress}
+                "max_model_len": self.family.max_model_len, "compile": s.compile, "progress": progress}
 
     def report(self, results: dict[str, dict]) -> dict:
         """The harness's ``results`` as :func:`.report.build_report`'s report, with the settings."""
@@ -182,7 +188,7 @@ class DemoPlan:
         s = self.settings
         settings = {"target_name": self.family.name, "target_dir": str(self.target), "max_tokens": s.max_tokens,
                     "batch1_prompts": s.batch1_prompts, "repeats": s.repeats, "attention": s.attention,
-                    "dtype": s.dtype, "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+                    "dtype": s.dtype, "compile": s.compile, "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
                     "ignore_eos": self.family.ignore_eos, "peers": self.peers, "control": s.control,
                     "skipped_peers": self.skipped_peers, "goal_domain": self.family.goal_domain,
                     "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}}

@@ -282,11 +282,12 @@ def _fmt(value: float | None, spec: str, none: str = "-") -> str:
 
 def engine_lines(engines: dict[str, dict]) -> list[str]:
     """What each engine really ran, as read back from vLLM (``run_side_by_side``'s results or the
-    report's ``engines``): its attention backend and speculative method, and with our proposer
+    report's ``engines``): its attention backend, speculative method and compilation mode, and with our proposer
     what the target's matrices multiply by."""
     lines = ["attention backend each engine used (read back): " + "; ".join(
         f"{name} {', '.join(e.get('attention_backends') or ['?'])}"
-        + (f" (method {e['method']})" if e.get("method") else "") for name, e in engines.items())]
+        + "".join(f" ({what} {e[key]})" for what, key in (("method", "method"), ("compilation", "compilation"))
+                  if e.get(key)) for name, e in engines.items())]
     return lines + [f"target products of {name} (read back): {'; '.join(e['target_products'])}"
                     for name, e in engines.items() if e.get("target_products")]
 
@@ -300,7 +301,7 @@ def render(report: dict, titles: dict[str, str]) -> str:
     params = plain_engine.get("parameters")
     lines.append(
         f"target {st['target_name']} ({_fmt(params and params / 1e6, '.1f')}M parameters, read back from vLLM), "
-        f"{st['dtype']}, k_max {st['num_speculative_tokens']}, up to {st['max_tokens']} tokens per prompt"
+        f"{st['dtype']}, {'compiled' if st.get('compile') else 'eager'} engines, k_max {st['num_speculative_tokens']}, up to {st['max_tokens']} tokens per prompt"
         f"{' (ends at end of answer)' if not st.get('ignore_eos', True) else ''}; batch 1 = {st['batch1_prompts']} "
         f"prompts one at a time, batch 8 = 8 prompts together; {st['repeats']} round(s)")
     lines += engine_lines(report["engines"])

@@ -75,12 +75,18 @@ def _emit(kind: str, payload: dict) -> None:
     print(f"{kind} {json.dumps(payload)}", flush=True)
 
 
+def _compilation(llm) -> str | None:
+    """vLLM's compilation mode of this engine, read back (``NONE`` where eager)."""
+    mode = getattr(getattr(llm.llm_engine.vllm_config, "compilation_config", None), "mode", None)
+    return None if mode is None else getattr(mode, "name", str(mode))
+
+
 class _Engine:
     """One vLLM engine in this process and what the demo reads from it."""
 
     def __init__(self, target: str | Path, *, spec: dict | None = None, max_tokens: int = 64,
                  dtype: str = "float32", max_model_len: int = 512, ignore_eos: bool = True,
-                 max_num_seqs: int = 16, kv_cache_mib: int = 128):
+                 max_num_seqs: int = 16, kv_cache_mib: int = 128, compile: bool = False):
         import torch
         from vllm import LLM, SamplingParams
 
@@ -92,7 +98,8 @@ class _Engine:
         self.llm = LLM(
             model=str(target),
             dtype=dtype,
-            enforce_eager=True,
+            # eager unless asked: a compiled engine (vLLM's CPU default) spends minutes tracing
+            enforce_eager=not compile,
             max_model_len=max_model_len,
             kv_cache_memory_bytes=kv_cache_mib * 2**20,
             max_num_seqs=max_num_seqs,
@@ -116,6 +123,7 @@ class _Engine:
         return {"attention_backends": sorted({n for names in self.llm.collective_rpc(_attention_backends)
                                               for n in names}),
                 "method": _method(self.llm),
+                "compilation": _compilation(self.llm),
                 "target_products": [p.packing for p in live_proposers()] if custom else None,
                 "parameters": checkpoint_parameters(self.llm.llm_engine.model_config.model)}
 
@@ -182,7 +190,7 @@ def serve(args: dict, stdin=None) -> int:
     engine = _Engine(args["target"], spec=args.get("spec"), max_tokens=args.get("max_tokens", 64),
                      dtype=args.get("dtype", "float32"), max_model_len=args.get("max_model_len", 512),
                      ignore_eos=args.get("ignore_eos", True), max_num_seqs=args.get("max_num_seqs", 16),
-                     kv_cache_mib=args.get("kv_cache_mib", 128))
+                     kv_cache_mib=args.get("kv_cache_mib", 128), compile=args.get("compile", False))
     t0 = time.perf_counter()
     for prompts in args.get("warmup", []):
         engine.generate(prompts)

@@ -54,6 +54,7 @@ def test_settings_defaults_are_the_flags_defaults():
     assert demo.settings_from_args(parse()) == DemoSettings()
     assert demo.settings_from_args(parse("--no-untuned", "--repeats", "1")) == DemoSettings(untuned=False, repeats=1)
     assert demo.settings_from_args(parse("--no-control")) == DemoSettings(control=False)
+    assert demo.settings_from_args(parse("--compile")) == DemoSettings(compile=True)
 
 
 @pytest.mark.parametrize("change, needle", [

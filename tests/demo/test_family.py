@@ -97,3 +97,8 @@ def test_the_plan_reads_acceptance_over_both_whole_support_sets_untimed_on_ours_
     assert list(plan.configs)[:3] == ["plain-again", "plain", "tuned"]
     alone = plan_demo(DemoSettings(peers=(), control=False), load_family(TOY), TOY, has_module=lambda name: False)
     assert list(alone.configs) == ["plain", "tuned", "untuned"]
+    # eager engines unless --compile (vLLM's CPU default), said before they start and passed to every worker
+    assert alone.harness_arguments()["compile"] is False and any("engines: eager" in x for x in alone.describe("x"))
+    compiled = plan_demo(DemoSettings(peers=(), compile=True), load_family(TOY), TOY, has_module=lambda name: False)
+    assert compiled.harness_arguments()["compile"] is True
+    assert any("engines: compiled, vLLM's CPU default" in x for x in compiled.describe("x"))

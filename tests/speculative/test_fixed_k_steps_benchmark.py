@@ -53,8 +53,10 @@ def test_the_engines_are_named_with_what_they_really_ran():
     """Both benchmarks print ``engine_lines`` of the harness's results before their table."""
     from accel_plugin.demo.report import engine_lines
 
-    lines = engine_lines({"plain": {"attention_backends": ["CPU_ATTN"], "method": None},
+    lines = engine_lines({"plain": {"attention_backends": ["CPU_ATTN"], "method": None, "compilation": "NONE"},
                           "k=1": {"attention_backends": ["CPU_ATTN"], "method": "custom_class",
+                                  "compilation": "DYNAMO_TRACE_ONCE",
                                   "target_products": ["121 target matrices with a copy"]}})
-    assert lines == ["attention backend each engine used (read back): plain CPU_ATTN; k=1 CPU_ATTN "
-                     "(method custom_class)", "target products of k=1 (read back): 121 target matrices with a copy"]
+    assert lines == ["attention backend each engine used (read back): plain CPU_ATTN (compilation NONE); k=1 CPU_ATTN "
+                     "(method custom_class) (compilation DYNAMO_TRACE_ONCE)",
+                     "target products of k=1 (read back): 121 target matrices with a copy"]
