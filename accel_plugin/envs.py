@@ -240,7 +240,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(ACCEL_VLLM_PREPACK, f"{VLLM_PREPACK_AUTO}, or {_BOOL_VALID}", VLLM_PREPACK_AUTO,
            "vLLM, CPU, float32: native copies of the target's matrices while our drafts speculate "
            "(faster eager steps of one to 64 rows; the matrices' bytes again in host memory); auto: in "
-           "eager engines only (in a compiled one, vLLM's default, they measured no faster), on: in "
+           "eager engines only (in a compiled one, vLLM's default, they measured slower), on: in "
            "compiled ones too", vllm_prepack),
 )
 _BY_NAME = {var.name: var for var in ENV_VARS}

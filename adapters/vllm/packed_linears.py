@@ -29,8 +29,9 @@ the wrapper: it is installed only between the two calls, in the worker building 
 The cost: the copies hold the target's matrices again in host memory (the start-up line
 says how much); ``ACCEL_VLLM_PREPACK=off`` makes none. A compiled engine (vLLM's CPU
 default traces the model once with dynamo, ``DYNAMO_TRACE_ONCE``) gets none unless
-``ACCEL_VLLM_PREPACK=on``: there its own products measured as fast as the copies (1.00x at
-batch 1, 0.98x at batch 8, docs/speculative.md). With ``on``, a Python choice by row
+``ACCEL_VLLM_PREPACK=on``: there the copies cost more than they save (ours 1.51x plain at
+batch 1 with them, 1.98x without; 0.72x at batch 8, 1.02x without; docs/speculative.md). With
+``on``, a Python choice by row
 count would be fixed by that one trace, so there each layer calls one custom op,
 ``accel_vllm::target_linear`` (:func:`_target_linear_op`), which dynamo keeps as a call and
 which chooses at every step. Where it does not apply (not a CPU, a dtype other than
@@ -106,8 +107,8 @@ def why_not(vllm_config: Any, environ=None) -> str | None:
         return f"the native product is not available ({cpu_linear.reason()})"
     mode = getattr(getattr(vllm_config, "compilation_config", None), "mode", 0)
     if setting == envs.VLLM_PREPACK_AUTO and int(mode or 0) != 0:
-        return (f"a compiled engine ({getattr(mode, 'name', mode)}): its own products measured as fast as the "
-                f"copies (docs/speculative.md); {envs.ACCEL_VLLM_PREPACK}=on makes them")
+        return (f"a compiled engine ({getattr(mode, 'name', mode)}): there the copies measured slower than "
+                f"its own products (docs/speculative.md); {envs.ACCEL_VLLM_PREPACK}=on makes them")
     return None
 
 
