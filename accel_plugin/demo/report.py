@@ -167,7 +167,8 @@ def build_report(results: dict[str, dict], routes: dict[str, dict], settings: di
         "timing_spread": timing_spread(results),
         "settings": settings,
         "engines": {name: {"attention_backends": r.get("attention_backends"), "parameters": r.get("parameters"),
-                           "method": r.get("method"), "target_products": r.get("target_products")}
+                           "method": r.get("method"), "compilation": r.get("compilation"),
+                           "target_products": r.get("target_products")}
                     for name, r in results.items()},
         "plain": {f"{label}|{batch}": {k: s[k] for k in ("generated", "seconds", "tokens_per_s")}
                   for (label, batch), s in plain.items()},

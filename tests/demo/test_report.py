@@ -64,6 +64,7 @@ def test_table_and_verdicts_from_fake_numbers():
     ])
     routes = {name: {"support": {"routed": ["support"], "draft": d}, "code": {"routed": ["code"], "draft": "g"}}
               for name, d in (("tuned", "draft-support"), ("untuned", "draft-untuned"))}
+    tuned["compilation"] = "DYNAMO_TRACE_ONCE"  # read back by the worker (accel demo --compile)
     report = build_report({"plain": plain, "tuned": tuned, "untuned": untuned}, routes, SETTINGS, "support")
     rows = {(r["domain"], r["batch"]): r for r in report["configs"]["tuned"]["rows"]}
     assert rows[("support", 1)]["ratio"] == pytest.approx(2.5)
@@ -83,6 +84,7 @@ def test_table_and_verdicts_from_fake_numbers():
     text = render(report, {"tuned": "TUNED", "untuned": "UNTUNED"})
     assert "2.50x" in text and "[MET   ]" in text and "[MISSED]" in text and "134.5M parameters" in text
     assert "plain CPU_ATTN" in text and "DISAGREE" in text
+    assert "tuned CPU_ATTN (compilation DYNAMO_TRACE_ONCE)" in text and "eager engines" in text
     json.dumps(report)  # --json writes exactly this
 
 
