@@ -302,7 +302,8 @@ def render(report: dict, titles: dict[str, str]) -> str:
     params = plain_engine.get("parameters")
     lines.append(
         f"target {st['target_name']} ({_fmt(params and params / 1e6, '.1f')}M parameters, read back from vLLM), "
-        f"{st['dtype']}, {'compiled' if st.get('compile') else 'eager'} engines, k_max {st['num_speculative_tokens']}, up to {st['max_tokens']} tokens per prompt"
+        f"{st['dtype']}, {'compiled' if st.get('compile') else 'eager'} engines, "
+        f"k_max {st['num_speculative_tokens']}, up to {st['max_tokens']} tokens per prompt"
         f"{' (ends at end of answer)' if not st.get('ignore_eos', True) else ''}; batch 1 = {st['batch1_prompts']} "
         f"prompts one at a time, batch 8 = 8 prompts together; {st['repeats']} round(s)")
     lines += engine_lines(report["engines"])
