@@ -85,6 +85,11 @@ class PackedLinears:
                 f"and above {NATIVE_MAX_ROWS} rows{'; compiled: the choice inside accel_vllm::target_linear' * self.traced})")
 
 
+def _compilation_mode(vllm_config: Any):
+    """vLLM's compilation mode of the engine ``vllm_config`` describes (0 / NONE: eager)."""
+    return getattr(getattr(vllm_config, "compilation_config", None), "mode", 0)
+
+
 def why_not(vllm_config: Any, environ=None) -> str | None:
     """Why the target of the engine ``vllm_config`` describes gets no copies (``None``: it gets them).
     Raises :class:`accel_plugin.envs.EnvVarError` for a wrong ``ACCEL_VLLM_PREPACK``."""
@@ -105,7 +110,7 @@ def why_not(vllm_config: Any, environ=None) -> str | None:
         return f"tensor parallel over {tp} ranks"
     if cpu_linear.ops(torch.float32, torch.device("cpu")) is None:
         return f"the native product is not available ({cpu_linear.reason()})"
-    mode = getattr(getattr(vllm_config, "compilation_config", None), "mode", 0)
+    mode = _compilation_mode(vllm_config)
     if setting == envs.VLLM_PREPACK_AUTO and int(mode or 0) != 0:
         return (f"a compiled engine ({getattr(mode, 'name', mode)}): there the copies measured slower than "
                 f"its own products (docs/speculative.md); {envs.ACCEL_VLLM_PREPACK}=on makes them")
@@ -173,8 +178,7 @@ def arm(vllm_config: Any = None) -> None:
     any) get a copy; a compiled engine's layers (``compilation_config.mode`` not NONE) choose
     inside one custom op (:func:`_target_linear_op`), an eager one's in Python."""
     utils = _utils()
-    mode = getattr(getattr(vllm_config, "compilation_config", None), "mode", 0)
-    _armed.update({"for": vllm_config, "traced": int(mode) != 0})
+    _armed.update({"for": vllm_config, "traced": int(_compilation_mode(vllm_config) or 0) != 0})
     if armed():
         return
     original = utils.dispatch_cpu_unquantized_gemm
