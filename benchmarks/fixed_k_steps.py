@@ -25,20 +25,14 @@ from pathlib import Path
 
 import yaml
 
+from accel_plugin.cli.common import int_list_arg
 from accel_plugin.demo.family import as_model_input, default_models_dir, load_prompts
 from accel_plugin.demo.plan import open_family
 from accel_plugin.demo.report import engine_lines, paired_ratio, summarise
 
 
-def k_list(text: str) -> tuple[int, ...]:
-    """An argparse type: comma-separated k values 1..16."""
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        values = ()
-    if not values or any(not 1 <= v <= 16 for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated k values 1..16, e.g. 1,2,3; got {text!r}")
-    return values
+#: An argparse type: comma-separated k values 1..16 (``1,2,3``).
+k_list = int_list_arg("k values", 1, 16, "1,2,3")
 
 
 def fixed_config(source: Path, k: int, out_dir: Path) -> Path:

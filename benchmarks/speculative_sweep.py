@@ -25,6 +25,7 @@ import json
 import sys
 from pathlib import Path
 
+from accel_plugin.cli.common import int_list_arg
 from accel_plugin.demo.compare import CONTROL, step_lines
 from accel_plugin.demo.family import as_model_input, default_models_dir, load_prompts
 from accel_plugin.demo.peers import PEERS
@@ -34,15 +35,8 @@ from accel_plugin.demo.report import engine_lines, paired_ratio, summarise
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
 
-def batch_sizes(text: str) -> tuple[int, ...]:
-    """An argparse type: comma-separated batch sizes 1..256 (``1,8,64``)."""
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        values = ()
-    if not values or any(not 1 <= v <= 256 for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes 1..256, e.g. 1,8,64; got {text!r}")
-    return values
+#: An argparse type: comma-separated batch sizes 1..256 (``1,8,64``).
+batch_sizes = int_list_arg("batch sizes", 1, 256, "1,8,64")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

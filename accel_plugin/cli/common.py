@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-__all__ = ["directory_arg", "input_file_arg", "number_arg", "output_file_arg", "report", "run_command"]
+__all__ = ["directory_arg", "input_file_arg", "int_list_arg", "number_arg", "output_file_arg", "report", "run_command"]
 
 
 def report(command: str, produce, format_table, as_json: bool, errors=(ValueError,)) -> int:
@@ -47,6 +47,23 @@ def number_arg(valid, what: str = ""):
         if value not in valid:
             raise argparse.ArgumentTypeError(f"must be {valid}; got {text!r}")
         return value
+
+    return parse
+
+
+def int_list_arg(what: str, low: int, high: int, example: str):
+    """argparse type: comma-separated integers ``low..high`` (``what`` names them, ``example``
+    shows the form), as a tuple in the order given; the message names the valid values."""
+
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            values = tuple(int(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            values = ()
+        if not values or any(not low <= v <= high for v in values):
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {what} {low}..{high}, e.g. {example}; got {text!r}")
+        return values
 
     return parse
 
