@@ -26,8 +26,8 @@ from pathlib import Path
 import yaml
 
 from accel_plugin.cli.common import int_list_arg
-from accel_plugin.demo.family import as_model_input, default_models_dir, load_prompts
-from accel_plugin.demo.plan import open_family
+from accel_plugin.demo.family import FamilyError, default_models_dir
+from accel_plugin.demo.plan import open_prompt_set
 from accel_plugin.demo.report import engine_lines, paired_ratio, summarise
 
 
@@ -84,12 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--batch must be 1..256, --max-tokens and --rounds >= 1")
     from accel_plugin.adapters.vllm.demo import run_side_by_side
 
-    family = open_family(args.models)
-    sets = load_prompts(family)
-    if args.set not in sets:
-        raise SystemExit(f"--set: {args.set!r} is not a prompt set of {args.models}; valid: {', '.join(sets)}")
-    target = family.target_dir()
-    prompts = as_model_input(sets[args.set], family, target)
+    try:
+        family, target, prompts = open_prompt_set(args.models, args.set)
+    except FamilyError as exc:
+        raise SystemExit(str(exc)) from None
     batch = [prompts[i % len(prompts)] for i in range(args.batch)]
     with tempfile.TemporaryDirectory(prefix="accel-fixed-k-") as tmp:
         configs = {"plain": None, **{f"k={k}": fixed_config(family.config_path("tuned"), k, Path(tmp))

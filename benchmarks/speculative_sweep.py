@@ -27,9 +27,9 @@ from pathlib import Path
 
 from accel_plugin.cli.common import int_list_arg
 from accel_plugin.demo.compare import CONTROL, step_lines
-from accel_plugin.demo.family import as_model_input, default_models_dir, load_prompts
+from accel_plugin.demo.family import FamilyError, default_models_dir
 from accel_plugin.demo.peers import PEERS
-from accel_plugin.demo.plan import open_family
+from accel_plugin.demo.plan import open_prompt_set
 from accel_plugin.demo.report import engine_lines, paired_ratio, summarise
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -109,12 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     from accel_plugin.adapters.vllm.demo import run_side_by_side
 
     args = parse_args(argv)
-    family = open_family(args.models)
-    sets = load_prompts(family)
-    if args.set not in sets:
-        raise SystemExit(f"--set: {args.set!r} is not a prompt set of {args.models}; valid: {', '.join(sets)}")
-    target = family.target_dir()
-    prompts = as_model_input(sets[args.set], family, target)
+    try:
+        family, target, prompts = open_prompt_set(args.models, args.set)
+    except FamilyError as exc:
+        raise SystemExit(str(exc)) from None
     warmup, timed = workload(prompts, args.batches)
     configs = {CONTROL: None, "plain": None, "ours": family.config_path("tuned"), "ngram": dict(PEERS["ngram"])}
     most = max(args.batches)

@@ -109,6 +109,20 @@ def open_family(models: Path) -> Family:
     return family
 
 
+def open_prompt_set(models: Path, name: str) -> tuple[Family, Path, list[str]]:
+    """The family in ``models`` (:func:`open_family`), its target's directory (fetched once)
+    and its prompt set ``name`` as the target sees it (the benchmarks' one set); raises
+    :class:`FamilyError` naming the valid sets when it has no such set."""
+    from .family import as_model_input, load_prompts
+
+    family = open_family(models)
+    sets = load_prompts(family)
+    if name not in sets:
+        raise FamilyError(f"--set: {name!r} is not a prompt set of {models}; valid: {', '.join(sets)}")
+    target = family.target_dir()
+    return family, target, as_model_input(sets[name], family, target)
+
+
 @dataclass(frozen=True)
 class DemoPlan:
     """What the side-by-side run does; from :func:`plan_demo`."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from accel_plugin.demo.family import (
     default_models_dir,
     load_family,
@@ -102,3 +104,11 @@ def test_the_plan_reads_acceptance_over_both_whole_support_sets_untimed_on_ours_
     compiled = plan_demo(DemoSettings(peers=(), compile=True), load_family(TOY), TOY, has_module=lambda name: False)
     assert compiled.harness_arguments()["compile"] is True
     assert any("engines: compiled, vLLM's CPU default" in x for x in compiled.describe("x"))
+
+
+def test_the_benchmarks_prompt_set_names_the_valid_sets_when_absent():
+    from accel_plugin.demo.family import FamilyError
+    from accel_plugin.demo.plan import open_prompt_set
+
+    with pytest.raises(FamilyError, match=r"--set: 'nope' is not a prompt set of .*; valid: support, code"):
+        open_prompt_set(default_models_dir(), "nope")
