@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.fixed_k_steps                      # batch 8, k 1, 2, 3, the support set
     .venv/bin/python -m benchmarks.fixed_k_steps --batch 1 --ks 1,3,5 --set code
+    .venv/bin/python -m benchmarks.fixed_k_steps --compile            # vLLM's default compiled engines
 
 Where a batch size stops paying, shown without the controller: engines of the `accel
 demo` harness (single-process vLLM CPU build, the family's target), plain decoding and
@@ -13,7 +14,9 @@ tokens each step gave a request, ms per step and the proposer's whole ``propose(
 per step (drafting: prompt lookup or the draft's forwards, catch-up included). A step of
 plain decoding gives each request one token; ours pays when its tokens per step
 outgrow its step time over plain's. Plain's steps are its longest answer (one token per
-step per request once every prompt is in).
+step per request once every prompt is in). Engines are eager (``enforce_eager``) unless
+``--compile``: then every engine compiles as vLLM's CPU default does, and the mode each
+one ran in is read back and printed.
 """
 
 from __future__ import annotations
@@ -79,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds (default: %(default)s)")
     parser.add_argument("--set", default="support", help="prompt set of the family (default: %(default)s)")
     parser.add_argument("--models", type=Path, default=default_models_dir(), help="demo family folder")
+    parser.add_argument("--compile", action="store_true",
+                        help="every engine compiled as vLLM's CPU default does (its compilation mode, read back, "
+                             "is printed) instead of eager; minutes more per engine at start")
     args = parser.parse_args(argv)
     if not 1 <= args.batch <= 256 or args.max_tokens < 1 or args.rounds < 1:
         parser.error("--batch must be 1..256, --max-tokens and --rounds >= 1")
@@ -96,12 +102,12 @@ def main(argv: list[str] | None = None) -> int:
                                    timed=[{"name": f"fixed|{args.batch}|0", "prompts": batch}],
                                    num_speculative_tokens=max(args.ks), max_tokens=args.max_tokens,
                                    ignore_eos=family.ignore_eos, max_model_len=family.max_model_len,
-                                   max_num_seqs=max(16, args.batch),
+                                   max_num_seqs=max(16, args.batch), compile=args.compile,
                                    progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
     rows = [row(name, results[name], None if name == "plain" else results["plain"], args.batch) for name in configs]
     print(f"{family.name}, set {args.set}, batch {args.batch}, up to {args.max_tokens} tokens per prompt, "
-          f"{args.rounds} rounds; ratio: median of paired rounds against plain; ms/step: the fastest round's "
-          "time over the steps of a round")
+          f"{args.rounds} rounds, {'compiled' if args.compile else 'eager'} engines; ratio: median of paired rounds "
+          "against plain; ms/step: the fastest round's time over the steps of a round")
     print("\n".join(engine_lines(results)))
     print(render(rows))
     return 0

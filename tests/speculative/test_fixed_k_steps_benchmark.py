@@ -60,3 +60,19 @@ def test_the_engines_are_named_with_what_they_really_ran():
     assert lines == ["attention backend each engine used (read back): plain CPU_ATTN (compilation NONE); k=1 CPU_ATTN "
                      "(method custom_class) (compilation DYNAMO_TRACE_ONCE)",
                      "target products of k=1 (read back): 121 target matrices with a copy"]
+
+
+@pytest.mark.parametrize("flags, compiled", [([], False), (["--compile"], True)])
+def test_engines_are_eager_unless_compile_is_given(monkeypatch, flags, compiled):
+    import accel_plugin.adapters.vllm.demo as harness
+
+    seen = {}
+
+    def fake_run(target, configs, **kwargs):
+        seen.update(kwargs)
+        raise RuntimeError("stop here")  # only the engines' settings are under test
+
+    monkeypatch.setattr(harness, "run_side_by_side", fake_run)
+    with pytest.raises(RuntimeError, match="stop here"):
+        fixed_k_steps.main(["--ks", "1", "--models", str(FAMILY), *flags])
+    assert seen["compile"] is compiled and seen["max_num_seqs"] == 16
