@@ -24,16 +24,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from accel_plugin.models.dirs import linear_shapes
+
 DRAFT = Path(__file__).resolve().parent.parent / "demo_models" / "smollm2" / "drafts" / "support"
-
-
-def _shapes(config: dict) -> list[tuple[int, int]]:
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    heads = config["num_attention_heads"]
-    kv = config.get("num_key_value_heads") or heads
-    head_dim = config.get("head_dim") or hidden // heads
-    layer = [((heads + 2 * kv) * head_dim, hidden), (hidden, heads * head_dim), (2 * inter, hidden), (hidden, inter)]
-    return layer * config["num_hidden_layers"] + [(config["vocab_size"], hidden)]
 
 
 def _head_vocab(draft: Path) -> int | None:
@@ -56,7 +49,8 @@ def main(argv: list[str] | None = None) -> None:
     if not (args.draft / "config.json").is_file():
         raise SystemExit(f"--draft {args.draft}: no config.json there (a Llama draft's folder)")
     config = json.loads((args.draft / "config.json").read_text())
-    shapes = _shapes(config)
+    layers, head = linear_shapes(config)
+    shapes = [*layers, head]
     vocab = _head_vocab(args.draft)
     if vocab is not None:
         shapes[-1] = (vocab, shapes[-1][1])

@@ -29,14 +29,7 @@ from pathlib import Path
 
 import torch
 
-
-def _shapes(config: dict) -> tuple[list[tuple[int, int]], tuple[int, int]]:
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    heads = config["num_attention_heads"]
-    kv = config.get("num_key_value_heads", heads)
-    head_dim = config.get("head_dim", hidden // heads)
-    layer = [((heads + 2 * kv) * head_dim, hidden), (hidden, heads * head_dim), (2 * inter, hidden), (hidden, inter)]
-    return layer * config["num_hidden_layers"], (config["vocab_size"], hidden)
+from accel_plugin.models.dirs import linear_shapes
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -77,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
                            "vocab_size") if k not in config]
     if missing:
         raise SystemExit(f"--config {args.config} lacks {', '.join(missing)} (a Llama config.json has them)")
-    layer_shapes, head_shape = _shapes(config)
+    layer_shapes, head_shape = linear_shapes(config)
     gen = torch.Generator().manual_seed(0)
     groups = {}
     for name, shapes in (("layers", layer_shapes), ("head", [head_shape])):

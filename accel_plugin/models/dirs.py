@@ -6,7 +6,8 @@ A model directory holds ``config.json``, ``*.safetensors`` weights and (for a
 target at least) tokenizer files (:func:`check_model_dir`; a draft the draft
 engine runs: :func:`check_draft_dir`). A draft and its target must share one
 vocabulary: the same ``vocab_size`` and the same token -> id map
-(:meth:`TargetVocabulary.mismatch`).
+(:meth:`TargetVocabulary.mismatch`). :func:`linear_shapes` reads a Llama config's
+matrix shapes (the benchmarks of the products time them).
 
 Framework-free: the standard library at import; ``tokenizers`` or
 ``transformers`` only when a vocabulary is read.
@@ -25,6 +26,7 @@ __all__ = [
     "check_draft_dir",
     "check_model_dir",
     "has_tokenizer",
+    "linear_shapes",
     "read_vocab",
     "vocab_size",
 ]
@@ -146,3 +148,15 @@ class TargetVocabulary:
         differ += len(set(target_tokens) - set(draft_tokens))
         return (f"the draft's tokenizer differs from the target's ({differ} tokens map to other ids); "
                 "use a draft trained with the target's tokenizer")
+
+
+def linear_shapes(config: dict) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+    """(out, in) of a Llama ``config.json``'s matrices, as a forward multiplies by them:
+    per layer the fused QKV, O, fused gate-up and down projections, every layer in turn;
+    and the LM head (the full vocabulary)."""
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    heads = config["num_attention_heads"]
+    kv = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or hidden // heads
+    layer = [((heads + 2 * kv) * head_dim, hidden), (hidden, heads * head_dim), (2 * inter, hidden), (hidden, inter)]
+    return layer * config["num_hidden_layers"], (config["vocab_size"], hidden)

@@ -7,7 +7,16 @@ import json
 
 import pytest
 
-from accel_plugin.models.dirs import TOKENIZER_FILES, ModelDirError, TargetVocabulary, check_draft_dir, check_model_dir, read_vocab, vocab_size
+from accel_plugin.models.dirs import (
+    TOKENIZER_FILES,
+    ModelDirError,
+    TargetVocabulary,
+    check_draft_dir,
+    check_model_dir,
+    linear_shapes,
+    read_vocab,
+    vocab_size,
+)
 
 
 def model_dir(root, name, *, config=None, weights="model.safetensors", vocab=None):
@@ -78,3 +87,16 @@ def test_the_target_tokenizer_is_read_only_when_the_sizes_agree(tmp_path):
     (target / "tokenizer_config.json").write_text("{}")  # not loadable: reading it would raise
     other = model_dir(tmp_path, "other", config={"vocab_size": 8})
     assert "vocab_size 8 differs" in TargetVocabulary(target).mismatch(other)
+
+
+def test_linear_shapes_of_smollm2_and_of_a_config_without_the_optional_keys():
+    smollm2 = {  # SmolLM2-135M's config.json, the keys read
+        "hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
+        "head_dim": 64, "num_hidden_layers": 30, "vocab_size": 49152}
+    layers, head = linear_shapes(smollm2)
+    assert layers[:4] == [(960, 576), (576, 576), (3072, 576), (576, 1536)] and len(layers) == 4 * 30
+    assert head == (49152, 576)
+    # no num_key_value_heads (or null) and no head_dim: multi-head attention, hidden / heads per head
+    plain = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": None,
+             "num_hidden_layers": 1, "vocab_size": 100}
+    assert linear_shapes(plain) == ([(192, 64), (64, 64), (256, 64), (64, 128)], (100, 64))
