@@ -40,7 +40,7 @@ from .acceptance import greedy_continuations
 from .errors import TuningError
 from .settings import TrainingSettings
 
-__all__ = ["DistillSettings", "build_dataset", "distill", "latest_checkpoint", "lr_factor"]
+__all__ = ["DistillSettings", "build_dataset", "distill", "kl_loss", "latest_checkpoint", "lr_factor", "training_batch"]
 
 WARMUP_STEPS = 10
 #: ``cosine``: the learning rate at the last step, as a share of ``lr``
@@ -123,7 +123,7 @@ def build_dataset(target, prompts_ids: list[list[int]], settings: DistillSetting
     return items
 
 
-def _batch(items: list[dict], pad_id: int):
+def training_batch(items: list[dict], pad_id: int):
     """Right-padded ids, attention mask, and per continuation position: the row,
     the position whose logits predict it, the greedy token and the top-k targets."""
     import torch
@@ -143,6 +143,19 @@ def _batch(items: list[dict], pad_id: int):
         top_p.append(it["top_prob"].float())
     return (ids, mask, torch.tensor(rows), torch.tensor(cols), torch.tensor(tokens),
             torch.cat(top_i), torch.cat(top_p))
+
+
+def kl_loss(logits, top_i, top_p):
+    """The ``kl`` loss: cross-entropy of ``logits`` (positions x head tokens) against the
+    target's top-k probabilities ``top_p`` of head rows ``top_i`` (-1: a token the head
+    lacks, left out and the rest renormalised; a position with none of them left out)."""
+    import torch.nn.functional as F
+
+    present = top_i >= 0
+    weights = top_p * present
+    weights = weights / weights.sum(-1, keepdim=True).clamp(min=1e-9)
+    logp = F.log_softmax(logits.float(), dim=-1).gather(-1, top_i.clamp(min=0))
+    return -(weights * logp).sum(-1)[present.any(-1)].mean()
 
 
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
@@ -198,16 +211,12 @@ def distill(draft, dataset: list[dict], settings: DistillSettings, ckpt_dir: Pat
     for step in range(start, settings.steps):
         rng = random.Random(settings.seed * 1_000_003 + step)
         picked = [dataset[rng.randrange(len(dataset))] for _ in range(settings.batch_size)]
-        ids, mask, rows, cols, tokens, top_i, top_p = _batch(picked, pad_id)
+        ids, mask, rows, cols, tokens, top_i, top_p = training_batch(picked, pad_id)
         logits = draft(input_ids=ids, attention_mask=mask).logits[rows, cols]
         if head_index is not None:  # a pruned head: target token ids -> its rows (-1: not in it)
             top_i, tokens = head_index[top_i], head_index[tokens]
         if settings.loss == "kl":
-            present = top_i >= 0
-            weights = top_p * present
-            weights = weights / weights.sum(-1, keepdim=True).clamp(min=1e-9)
-            logp = F.log_softmax(logits.float(), dim=-1).gather(-1, top_i.clamp(min=0))
-            loss = -(weights * logp).sum(-1)[present.any(-1)].mean()
+            loss = kl_loss(logits, top_i, top_p)
         else:
             keep = tokens >= 0
             loss = F.cross_entropy(logits[keep].float(), tokens[keep])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from accel_plugin.tuning.distill import COSINE_FLOOR, WARMUP_STEPS, DistillSettings, _batch, lr_factor
+from accel_plugin.tuning.distill import COSINE_FLOOR, WARMUP_STEPS, DistillSettings, lr_factor, training_batch
 
 
 def item(ids, prompt_len, top_k=2):
@@ -15,7 +15,7 @@ def item(ids, prompt_len, top_k=2):
 
 
 def test_batch_pairs_each_continuation_token_with_the_logits_that_predict_it():
-    ids, mask, rows, cols, tokens, top_i, top_p = _batch([item([1, 2, 3, 4, 5], 3), item([7, 8, 9], 1)], pad_id=0)
+    ids, mask, rows, cols, tokens, top_i, top_p = training_batch([item([1, 2, 3, 4, 5], 3), item([7, 8, 9], 1)], pad_id=0)
     assert ids.tolist() == [[1, 2, 3, 4, 5], [7, 8, 9, 0, 0]]
     assert mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
     # row 0: tokens 4, 5 are predicted by the logits at positions 2, 3; row 1: 8, 9 by 0, 1
