@@ -107,7 +107,8 @@ def hidden_state_head(target, layers: list[int], head_vocab):
     config = copy.deepcopy(target.config)
     config.num_hidden_layers = len(layers)
     embed = target.model.embed_tokens.weight.detach()
-    head_weight = embed.index_select(0, head_vocab) if head_vocab is not None else embed
+    lm_head = target.get_output_embeddings().weight.detach()  # the embedding again where they are tied
+    head_weight = lm_head.index_select(0, head_vocab) if head_vocab is not None else lm_head
     source = target.state_dict()
 
     class Head(torch.nn.Module):
