@@ -50,10 +50,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--draft {args.draft}: no config.json there (a Llama draft's folder)")
     config = json.loads((args.draft / "config.json").read_text())
     layers, head = linear_shapes(config)
-    shapes = [*layers, head]
-    vocab = _head_vocab(args.draft)
-    if vocab is not None:
-        shapes[-1] = (vocab, shapes[-1][1])
+    shapes = [*layers, (_head_vocab(args.draft) or head[0], head[1])]  # a pruned head: its rows
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(*shape, generator=gen) * 0.02 for shape in shapes]
