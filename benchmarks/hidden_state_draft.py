@@ -41,19 +41,15 @@ import sys
 import time
 from pathlib import Path
 
+from accel_plugin.cli.common import int_list_arg
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TARGET = Path("~/.cache/accel-plugin/models/smollm2/hf").expanduser()
 DEFAULT_DRAFT = ROOT / "demo_models" / "smollm2" / "drafts" / "support"
 
 
-def _layers(text: str) -> list[int]:
-    try:
-        layers = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected target layer numbers like 29 or 28,29; got {text!r}") from None
-    if not layers or min(layers) < 0:
-        raise argparse.ArgumentTypeError(f"expected target layer numbers like 29 or 28,29; got {text!r}")
-    return layers
+#: An argparse type: the target layers the head's layers start from (``29``, ``28,29``).
+layer_list = int_list_arg("target layers", 0, 1023, "28,29")
 
 
 def load_dataset(path: Path) -> tuple[list[dict], list[tuple[list[int], list[int]]]]:
@@ -265,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=Path, default=DEFAULT_TARGET, help="the target's model folder")
     parser.add_argument("--draft", type=Path, default=DEFAULT_DRAFT,
                         help="the draft to compare with; its pruned head is the head's too")
-    parser.add_argument("--layers", type=_layers, default=[29], help="target layers the head's layers start from")
+    parser.add_argument("--layers", type=layer_list, default=(29,), help="target layers the head's layers start from")
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
@@ -291,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(str(exc)) from None
     target = load_lm(target_dir)
     if max(args.layers) >= target.config.num_hidden_layers:
-        raise SystemExit(f"--layers: the target has layers 0-{target.config.num_hidden_layers - 1}; got {args.layers}")
+        raise SystemExit(f"--layers: the target has layers 0-{target.config.num_hidden_layers - 1}; "
+                         f"got {','.join(map(str, args.layers))}")
     head_vocab = getattr(draft, "head_vocab", None)
     t0 = time.perf_counter()
     train_features = target_features(target, [it["ids"] for it in items])
@@ -332,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{_num(k2['per_position'][0]):>6} {_num(k2['per_position'][1]):>6} "
               f"{_num(k1['tokens_per_step']):>9} {_num(k2['tokens_per_step']):>8}")
     if args.json:
-        args.json.write_text(json.dumps({"dataset": str(args.dataset), "layers": args.layers, "steps": args.steps,
+        args.json.write_text(json.dumps({"dataset": str(args.dataset), "layers": list(args.layers),
+                                         "steps": args.steps,
                                          "loss_curve": curve, "target_confidence": confidence,
                                          "drafts": rows}, indent=1))
     return 0
