@@ -9,10 +9,12 @@ drafts stay, rejected ones are dropped by overwriting) and only the new tokens a
 run. So the draft never recomputes a context it has seen.
 
 Drafting one step for ``R`` requests of one draft model takes ``max k`` forwards:
-the first runs every request's new tokens (1-2 tokens for a running request, the
-whole prompt for a new one; long prompts run in forwards of their own so that
-short rows are not padded to their length), then ``k - 1`` one-token forwards
-extend every request that still needs drafts, all rows of the model in one batch.
+the first runs every request's new tokens (1-2 tokens for a running request, 2 after
+a fully accepted draft; the whole prompt for a new one; long prompts run in forwards
+of their own so that short rows' attention is not padded to their length, and the
+short rows' matrix products run on their real tokens only, see
+:meth:`LlamaDraftModel.forward`), then ``k - 1`` one-token forwards extend every
+request that still needs drafts, all rows of the model in one batch.
 Drafting is greedy (argmax), which is what vLLM's own draft-model proposer does.
 """
 

@@ -304,6 +304,8 @@ class LlamaDraftModel:
 
         K/V of the new tokens are written at positions ``start..start+q_len-1``; what a
         slot held beyond ``start`` is overwritten (that is how rejected drafts are dropped).
+        Rows of different lengths run ragged: the products, norms and RoPE on the
+        ``sum(q_lens)`` real tokens only (no padding), attention on the ``[B, T]`` layout.
         """
         B, T = tokens.shape
         device = self.device
@@ -318,15 +320,17 @@ class LlamaDraftModel:
         # rows r0..r0+B-1 in order (requests of one draft arriving in order): attention
         # reads the cache in place instead of gathering every layer's K and V
         first = _first_of_run(slots) if device.type == "cpu" else None
+        ragged = False  # rows of different lengths: only their real tokens go through the products
         if T == 1:
             w_slot, w_pos, w_b, w_t = slots, start, torch.arange(B, device=device), None
         else:
             valid = arange_t[None, :] < q_lens[:, None]
             w_b, w_t = valid.nonzero(as_tuple=True)
             w_slot, w_pos = slots[w_b], pos[w_b, w_t]
-        pos_c = pos.clamp(max=self.max_len - 1)
-        cos = self._cos[pos_c][:, :, None, :]  # [B, T, 1, D]
-        sin = self._sin[pos_c][:, :, None, :]
+            ragged = len(w_b) < B * T
+        pos_c = (w_pos if ragged else pos).clamp(max=self.max_len - 1)
+        cos = self._cos[pos_c][..., None, :]  # [B, T, 1, D], ragged [N, 1, D]
+        sin = self._sin[pos_c][..., None, :]
         # key j is visible to query (b, t) iff j <= pos[b, t]; padded queries see
         # zeros or stale keys of their own slot and are discarded
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
@@ -335,20 +339,24 @@ class LlamaDraftModel:
         if B > 1 or T > 1:  # [B, 1, G x T, L], in the order of the grouped queries below
             mask = torch.arange(kv_len, device=device)[None, None, None, :] <= pos[:, None, :, None]
             mask = mask.repeat(1, 1, G, 1)
-        small = B * T <= self.small_batch_rows
+        small = (len(w_b) if ragged else B * T) <= self.small_batch_rows
         layers, lm_head = (self.small_layers, self.small_lm_head) if small else (self.large_layers, self.large_lm_head)
         lin = self._small_linear if small else self._large_linear
-        x = F.embedding(tokens, self.embed)
+        x = F.embedding(tokens[w_b, w_t] if ragged else tokens, self.embed)  # [B, T, E], ragged [N, E]
+        lead = x.shape[:-1]
         for i, layer in enumerate(layers):
             h = self._rms_norm(x, layer.ln_in)
             qkv = lin(h, layer.qkv, layer.qkv_b)
             # q and k rotated together: one set of RoPE ops per layer
-            qk = qkv[..., : (H + Hkv) * D].view(B, T, H + Hkv, D)
+            qk = qkv[..., : (H + Hkv) * D].view(*lead, H + Hkv, D)
             qk = qk * cos + _rotate_half(qk) * sin
-            q, k = qk.split((H, Hkv), dim=2)
-            v = qkv[..., (H + Hkv) * D :].view(B, T, Hkv, D)
+            q, k = qk.split((H, Hkv), dim=-2)
+            v = qkv[..., (H + Hkv) * D :].view(*lead, Hkv, D)
             kc, vc = self.kv.k_cache[i], self.kv.v_cache[i]
-            if w_t is None:
+            if ragged:
+                kc[w_slot, :, w_pos], vc[w_slot, :, w_pos] = k, v
+                q = q.new_zeros(B, T, H, D).index_put_((w_b, w_t), q)  # padded queries: zeros, discarded
+            elif w_t is None:
                 kc[w_slot, :, w_pos] = k[:, 0]
                 vc[w_slot, :, w_pos] = v[:, 0]
             else:
@@ -366,9 +374,9 @@ class LlamaDraftModel:
             q = q.view(B, T, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(B, Hkv, G * T, D)
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
             attn = attn.view(B, Hkv, G, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, H * D)
-            x = x + lin(attn, layer.o, layer.o_b)
+            x = x + lin(attn[w_b, w_t] if ragged else attn, layer.o, layer.o_b)
             h = self._rms_norm(x, layer.ln_post)
             gate, up = lin(h, layer.gate_up, layer.gate_up_b).chunk(2, dim=-1)
             x = x + lin(F.silu(gate) * up, layer.down, layer.down_b)
-        last = x[torch.arange(B, device=device), q_lens - 1]
+        last = x[q_lens.cumsum(0) - 1] if ragged else x[torch.arange(B, device=device), q_lens - 1]
         return lin(self._rms_norm(last, self.norm), lm_head).float()

@@ -145,6 +145,57 @@ def test_rows_read_in_place_or_gathered_give_the_same_logits(tiny_models):
         assert (in_order[i] - hf_logits(tiny_models("gqa-d32"), seqs[i] + nxt[i])).abs().max() < TOLERANCE[torch.float32]
 
 
+def test_ragged_rows_run_only_their_real_tokens(tiny_models, monkeypatch):
+    """Rows of 3, 1 and 2 new tokens: each row's logits equal the row run alone, and the matrix
+    products see the 6 real tokens, not 3 x 3 padded ones (which also picks the small-rows path)."""
+    model_dir = tiny_models("gqa-d32")
+    model = LlamaDraftModel(model_dir, max_len=64, initial_slots=6)
+    alone = LlamaDraftModel(model_dir, max_len=64, initial_slots=6)
+    seqs = [list(range(3, 3 + n)) for n in (7, 4, 11)]
+    slots = [model.alloc_slot() for _ in seqs]
+    for _ in seqs:
+        alone.alloc_slot()
+    run(model, seqs, [0] * 3, slots)
+    rows_seen: list[int] = []
+    product = model._large_linear
+
+    def counted(x, weight, bias=None):
+        rows_seen.append(x.reshape(-1, x.shape[-1]).shape[0])
+        return product(x, weight, bias)
+
+    monkeypatch.setattr(model, "_large_linear", counted)
+    new = [[40, 41, 42], [43], [44, 45]]
+    got = run(model, new, [len(s) for s in seqs], slots)
+    assert rows_seen and set(rows_seen[:-1]) == {6} and rows_seen[-1] == 3  # the head: each row's last token
+    for i, (s, n) in enumerate(zip(seqs, new)):
+        run(alone, [s], [0], [i])
+        want = run(alone, [n], [len(s)], [i])[0]
+        assert (got[i] - want).abs().max() < 1e-5
+        assert (got[i] - hf_logits(model_dir, s + n)).abs().max() < TOLERANCE[torch.float32]
+    # a step after it sees the K/V the ragged forward wrote at the right positions
+    after = run(model, [[50], [51], [52]], [len(s) + len(n) for s, n in zip(seqs, new)], slots)
+    for i, (s, n) in enumerate(zip(seqs, new)):
+        assert (after[i] - hf_logits(model_dir, s + n + [50 + i])).abs().max() < TOLERANCE[torch.float32]
+
+
+def test_small_rows_count_real_tokens(tiny_models, monkeypatch):
+    """A ragged forward of 3 real tokens padded to 2 x 2 takes the small-rows product (at most 3 rows)."""
+    from accel_plugin.speculative import llama
+
+    monkeypatch.setattr(llama, "native_bf16", lambda: False)
+    model = LlamaDraftModel(tiny_models("gqa-d32"), max_len=64, initial_slots=2, small_batch_weights=torch.bfloat16,
+                            small_batch_rows=3)
+    slots = [model.alloc_slot(), model.alloc_slot()]
+    run(model, [[3, 4, 5], [6, 7]], [0, 0], slots)  # 5 real tokens > 3: the large path
+    calls = {"small": 0, "large": 0}
+    for name in calls:
+        product = getattr(model, f"_{name}_linear")
+        monkeypatch.setattr(model, f"_{name}_linear",
+                            lambda *a, _p=product, _n=name, **k: calls.__setitem__(_n, calls[_n] + 1) or _p(*a, **k))
+    run(model, [[8, 9], [10]], [3, 2], slots)
+    assert calls["small"] > 0 and calls["large"] == 0
+
+
 def test_small_batch_weights_only_for_small_forwards(tiny_models, monkeypatch):
     """Without native bfloat16: float32 compute with bfloat16 weights up to small_batch_rows rows,
     float32 weights beyond."""
@@ -163,7 +214,7 @@ def test_small_batch_weights_only_for_small_forwards(tiny_models, monkeypatch):
     for m in (plain, mixed):
         for _ in tokens:
             m.alloc_slot()
-    # 3 rows x 5 tokens > 2 rows: float32 weights, the same logits as the float32 model
+    # 12 tokens (3 rows of up to 5) > 2 rows: float32 weights, the same logits as the float32 model
     assert torch.equal(run(mixed, tokens, [0] * 3, [0, 1, 2]), run(plain, tokens, [0] * 3, [0, 1, 2]))
     # 1 row x 1 token: bfloat16 weights, close to the reference, not equal to float32
     small = run(mixed, [[30]], [5], [0])[0]
@@ -194,7 +245,7 @@ def test_native_bf16_weights_for_every_forward(tiny_models, monkeypatch):
     for m in (plain, mixed):
         for _ in tokens:
             m.alloc_slot()
-    large = run(mixed, tokens, [0] * 3, [0, 1, 2])  # 15 rows: torch's bfloat16 product
+    large = run(mixed, tokens, [0] * 3, [0, 1, 2])  # 12 rows: torch's bfloat16 product
     for i, t in enumerate(tokens):
         assert (large[i] - hf_logits(model_dir, t)).abs().max() < TOLERANCE[torch.bfloat16]
     run(plain, tokens, [0] * 3, [0, 1, 2])
