@@ -1,6 +1,7 @@
 """Benchmark: a draft's matrix products per row count, torch against the native few-row product.
 
     .venv/bin/python -m benchmarks.draft_linears
+    .venv/bin/python -m benchmarks.draft_linears --rows 8 10 12 14 16 --cold 600   # as in a server
     ~/.cache/accel-plugin/venvs/tgi-3.3.7/bin/python benchmarks/draft_linears.py   # TGI's torch
 
 One pass over the matrices of one draft forward (random matrices of the draft's shapes,
@@ -11,6 +12,11 @@ cast; AMX where the CPU has it) and the native few-row product
 (:mod:`accel_plugin.kernels.cpu_linear`) of float32 and of bfloat16 matrices (``n/a``
 where it cannot be built). Median of ``--repeats`` passes, ms per pass. What
 :data:`accel_plugin.speculative.llama.NATIVE_BF16_ROWS` was chosen from.
+
+``--cold MB`` reads a buffer of that many megabytes before every timed pass, so the
+matrices come from memory as in a server, where a target step (SmolLM2-135M in
+float32: about 540 MB) runs between two draft forwards; by default (0) the passes run
+back to back and the matrices stay in the CPU's caches.
 """
 
 from __future__ import annotations
@@ -45,7 +51,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cold", type=int, default=0, metavar="MB",
+                        help="megabytes read before every timed pass (evicts the matrices; default 0: warm)")
     args = parser.parse_args(argv)
+    if args.cold < 0:
+        parser.error(f"--cold must be 0 (warm) or a positive number of megabytes; got {args.cold}")
     if not (args.draft / "config.json").is_file():
         raise SystemExit(f"--draft {args.draft}: no config.json there (a Llama draft's folder)")
     config = json.loads((args.draft / "config.json").read_text())
@@ -64,8 +74,10 @@ def main(argv: list[str] | None = None) -> None:
             continue
         packed = [ops[0](w) for w in weights]
         columns[name] = lambda x, packed=packed, linear=ops[1]: [linear(a, p) for a, p in zip(x, packed)]
+    flush = torch.ones(args.cold * 2**18) if args.cold else None  # float32: 4 bytes each
     print(f"torch {torch.__version__}, {args.threads} thread(s), {len(shapes)} matrices of {args.draft} "
-          f"(head {shapes[-1][0]}x{shapes[-1][1]}); ms per pass, median of {args.repeats}")
+          f"(head {shapes[-1][0]}x{shapes[-1][1]}); ms per pass, median of {args.repeats}; "
+          + (f"{args.cold} MB read before each pass (cold)" if flush is not None else "passes back to back (warm)"))
     print("\n| rows | " + " | ".join(columns) + " |\n|" + "---|" * (len(columns) + 1))
     with torch.no_grad():
         for rows in args.rows:
@@ -78,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
                 run(x)  # warm-up
                 times = []
                 for _ in range(args.repeats):
+                    if flush is not None:
+                        flush.sum()
                     t0 = time.perf_counter()
                     run(x)
                     times.append(time.perf_counter() - t0)

@@ -78,10 +78,12 @@ __all__ = [
 SMALL_BATCH_ROWS = 4
 
 #: on a CPU with native bfloat16: forwards of at most this many rows use the native few-row
-#: product of the bfloat16 matrices, larger ones torch's (AMX) product; the native one took
-#: 0.35x torch's time at 1 row, 0.5x at 4, the same at 8 and 1.6x at 16 (SmolLM2's support
-#: draft's 13 matrices, 2 threads, the 2-core AVX-512/AMX machine)
-NATIVE_BF16_ROWS = 8
+#: product of the bfloat16 matrices, larger ones torch's (AMX) product. SmolLM2's support
+#: draft's 13 matrices, 2 threads, the 2-core AVX-512/AMX machine, with the matrices read from
+#: memory as in a server (``benchmarks/draft_linears.py --cold 600``): the native one took 0.55x
+#: torch's time at 1 row, 0.68x at 8, 0.81x at 12, 0.96x at 16 and 1.16x at 24 (back to back,
+#: the matrices in cache, it loses from about 12 rows on: 1.1x at 12, 1.4x at 16)
+NATIVE_BF16_ROWS = 16
 
 
 def native_bf16() -> bool:

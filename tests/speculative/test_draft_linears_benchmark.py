@@ -29,3 +29,13 @@ def test_prints_a_row_per_row_count_with_every_product():
 def test_a_folder_without_a_config_is_refused(tmp_path):
     proc = _run("--draft", str(tmp_path))
     assert proc.returncode != 0 and "no config.json there" in proc.stderr
+
+
+def test_cold_reads_a_buffer_before_each_pass_and_a_negative_size_is_refused():
+    proc = _run("--rows", "2", "--repeats", "2", "--threads", "1", "--cold", "8")
+    assert proc.returncode == 0, proc.stderr
+    assert "8 MB read before each pass (cold)" in proc.stdout
+    assert sum(ln.startswith("| 2 | ") for ln in proc.stdout.splitlines()) == 1
+    assert "passes back to back (warm)" in _run("--rows", "1", "--repeats", "1", "--threads", "1").stdout
+    bad = _run("--cold", "-1")
+    assert bad.returncode != 0 and "--cold must be 0 (warm) or a positive number of megabytes; got -1" in bad.stderr
