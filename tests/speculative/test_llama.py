@@ -145,9 +145,22 @@ def test_rows_read_in_place_or_gathered_give_the_same_logits(tiny_models):
         assert (in_order[i] - hf_logits(tiny_models("gqa-d32"), seqs[i] + nxt[i])).abs().max() < TOLERANCE[torch.float32]
 
 
+def record_rows(monkeypatch, model, path: str) -> list[int]:
+    """The rows of every product ``model`` runs on its ``path`` ("small" or "large"), as they come."""
+    rows: list[int] = []
+    product = getattr(model, f"_{path}_linear")
+
+    def counted(x, weight, bias=None):
+        rows.append(x.reshape(-1, x.shape[-1]).shape[0])
+        return product(x, weight, bias)
+
+    monkeypatch.setattr(model, f"_{path}_linear", counted)
+    return rows
+
+
 def test_ragged_rows_run_only_their_real_tokens(tiny_models, monkeypatch):
     """Rows of 3, 1 and 2 new tokens: each row's logits equal the row run alone, and the matrix
-    products see the 6 real tokens, not 3 x 3 padded ones (which also picks the small-rows path)."""
+    products see the 6 real tokens, not 3 x 3 padded ones."""
     model_dir = tiny_models("gqa-d32")
     model = LlamaDraftModel(model_dir, max_len=64, initial_slots=6)
     alone = LlamaDraftModel(model_dir, max_len=64, initial_slots=6)
@@ -156,14 +169,7 @@ def test_ragged_rows_run_only_their_real_tokens(tiny_models, monkeypatch):
     for _ in seqs:
         alone.alloc_slot()
     run(model, seqs, [0] * 3, slots)
-    rows_seen: list[int] = []
-    product = model._large_linear
-
-    def counted(x, weight, bias=None):
-        rows_seen.append(x.reshape(-1, x.shape[-1]).shape[0])
-        return product(x, weight, bias)
-
-    monkeypatch.setattr(model, "_large_linear", counted)
+    rows_seen = record_rows(monkeypatch, model, "large")
     new = [[40, 41, 42], [43], [44, 45]]
     got = run(model, new, [len(s) for s in seqs], slots)
     assert rows_seen and set(rows_seen[:-1]) == {6} and rows_seen[-1] == 3  # the head: each row's last token
@@ -187,13 +193,9 @@ def test_small_rows_count_real_tokens(tiny_models, monkeypatch):
                             small_batch_rows=3)
     slots = [model.alloc_slot(), model.alloc_slot()]
     run(model, [[3, 4, 5], [6, 7]], [0, 0], slots)  # 5 real tokens > 3: the large path
-    calls = {"small": 0, "large": 0}
-    for name in calls:
-        product = getattr(model, f"_{name}_linear")
-        monkeypatch.setattr(model, f"_{name}_linear",
-                            lambda *a, _p=product, _n=name, **k: calls.__setitem__(_n, calls[_n] + 1) or _p(*a, **k))
+    small, large = record_rows(monkeypatch, model, "small"), record_rows(monkeypatch, model, "large")
     run(model, [[8, 9], [10]], [3, 2], slots)
-    assert calls["small"] > 0 and calls["large"] == 0
+    assert len(small) > 0 and len(large) == 0
 
 
 def test_small_batch_weights_only_for_small_forwards(tiny_models, monkeypatch):
