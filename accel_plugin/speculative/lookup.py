@@ -6,7 +6,10 @@ suffix n-gram of the context, ``min_n <= n <= max_n``, that also occurs earlier 
 (starting before the suffix, with at least one token after it); propose the up to
 ``k`` tokens that follow that occurrence. vLLM takes the **earliest** occurrence
 (``occurrence="earliest"``, the default); ``occurrence="latest"`` takes the most
-recent one instead.
+recent one instead. With ``spec_factor`` (a domain's ``lookup.spec_factor``) a match of
+``n`` tokens proposes at most ``spec_factor * n`` of them (suffix decoding's
+``max_spec_factor``): a one-token match is weak evidence, and on a CPU at batch 8 every
+draft token costs verification time.
 
 :class:`NgramIndex` keeps, per n, a dict from an n-gram's bytes to the position of
 the token that followed it (the earliest or the latest occurrence), and is fed only
@@ -85,9 +88,10 @@ class NgramIndex:
                     follow.setdefault(key, p)
         self.indexed = end
 
-    def match(self, tokens: np.ndarray) -> int | None:
-        """Position in ``tokens`` (the indexed context) of the first token to propose, or
-        ``None`` when no suffix n-gram of length ``min_n..max_n`` occurred earlier."""
+    def find(self, tokens: np.ndarray) -> tuple[int, int] | None:
+        """``(position, n)``: where in ``tokens`` (the indexed context) the first token to
+        propose is, and the length of the suffix n-gram that matched; ``None`` when no
+        suffix n-gram of length ``min_n..max_n`` occurred earlier."""
         length = len(tokens)
         top = min(self.max_n, length - 1)
         if top < self.min_n:
@@ -96,8 +100,13 @@ class NgramIndex:
         for n in range(top, self.min_n - 1, -1):
             found = self._follow[n].get(tail[8 * (top - n):])
             if found is not None:
-                return found
+                return found, n
         return None
+
+    def match(self, tokens: np.ndarray) -> int | None:
+        """The position of :meth:`find` (``None``: no match)."""
+        found = self.find(tokens)
+        return None if found is None else found[0]
 
     def propose(self, tokens: np.ndarray, k: int) -> list[int]:
         """Up to ``k`` tokens after the longest suffix match (``[]``: no match); indexes
@@ -121,9 +130,11 @@ class PromptLookup:
         """Controller entry -> its draft id, one per lookup domain."""
         return {lookup_entry(name): LOOKUP_DRAFT for name in self.lookups}
 
-    def match_rows(self, rows) -> dict[int, int]:
-        """Row -> the context position to copy drafts from, for the rows (``(row, state)``)
-        of lookup domains whose context has a match; indexes their new tokens first."""
+    def match_rows(self, rows) -> dict[int, tuple[int, int | None]]:
+        """Row -> ``(position, most)``: the context position to copy drafts from and the
+        most tokens to copy (``spec_factor`` times the matched n-gram's length, at least 1;
+        ``None``: no limit but k), for the rows (``(row, state)``) of lookup domains whose
+        context has a match; indexes their new tokens first."""
         found = {}
         for i, state in rows:
             cfg = self.lookups.get(state.domain)
@@ -133,7 +144,8 @@ class PromptLookup:
                 state.lookup = NgramIndex(cfg.min, cfg.max, cfg.occurrence)
             context = state.context
             state.lookup.update(context)
-            start = state.lookup.match(context)
-            if start is not None:
-                found[i] = start
+            hit = state.lookup.find(context)
+            if hit is not None:
+                start, n = hit
+                found[i] = start, None if cfg.spec_factor is None else max(1, int(cfg.spec_factor * n))
         return found

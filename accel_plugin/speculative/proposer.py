@@ -18,9 +18,8 @@ tried first). An adapter that knows request ids passes them
 new tokens of a known row, ``token_ids[i, known:num_tokens[i]]``, so its host work
 does not grow with the context (``python -m benchmarks.proposer_overhead``). A row
 that matches nothing is a new request: its tokens are copied once and its prompt
-is routed to a domain, decoding only the prefix the router reads
-(:meth:`.DomainRouter.route_tokens`). States that no row matched are finished (or
-preempted) and freed at once, so memory is bounded by the batch.
+is routed to a domain, decoding only the prefix the router reads (:meth:`.DomainRouter.route_tokens`).
+States that no row matched are finished (or preempted) and freed at once, so memory is bounded by the batch.
 
 Per row and step: how many of last step's drafts were accepted goes to the
 controller; the controller's k for the row's domain decides how many tokens to
@@ -264,10 +263,11 @@ class DomainProposer:
             state.last_drafts, state.drafter = (), None
             if i in matched:  # prompt lookup first (its probes too); the draft model if it drafts nothing
                 t0 = self._clock()
-                k = min(self.controller.k_for(lookup_entry(state.domain)), self.max_len - len(state.context))
+                (start, most), entry = matched[i], lookup_entry(state.domain)
+                k = min(self.controller.k_for(entry), self.max_len - len(state.context), most or self.max_len)
                 if k > 0:
-                    out[i] = [int(t) for t in state.context[matched[i]: matched[i] + k]]
-                    state.last_drafts, state.drafter = tuple(out[i]), lookup_entry(state.domain)
+                    out[i] = [int(t) for t in state.context[start: start + k]]
+                    state.last_drafts, state.drafter = tuple(out[i]), entry
                     lookup_rows, lookup_k = lookup_rows + 1, max(lookup_k, len(out[i]))
                 lookup_seconds += self._clock() - t0
                 if k > 0:

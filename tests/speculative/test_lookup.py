@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 from accel_plugin.speculative.lookup import NgramIndex, lookup_entry
 
 
-def brute_force(tokens: list[int], min_n: int, max_n: int, k: int, occurrence: str = "earliest") -> list[int]:
+def brute_force_match(tokens: list[int], min_n: int, max_n: int,
+                      occurrence: str = "earliest") -> tuple[int, int] | None:
     """The definition: the longest suffix n-gram that occurred earlier (starting before the
-    suffix, one token at least after it); the k tokens after its earliest/latest occurrence."""
+    suffix, one token at least after it); ``(where the tokens after its earliest/latest
+    occurrence start, n)``."""
     length = len(tokens)
     for n in range(max_n, min_n - 1, -1):
         if length < n + 1:
@@ -21,9 +23,19 @@ def brute_force(tokens: list[int], min_n: int, max_n: int, k: int, occurrence: s
         suffix = tokens[length - n:]
         starts = [s for s in range(length - n) if tokens[s: s + n] == suffix]
         if starts:
-            s = starts[0] if occurrence == "earliest" else starts[-1]
-            return tokens[s + n: s + n + k]
-    return []
+            return (starts[0] if occurrence == "earliest" else starts[-1]) + n, n
+    return None
+
+
+def brute_force(tokens: list[int], min_n: int, max_n: int, k: int, occurrence: str = "earliest",
+                spec_factor: float | None = None) -> list[int]:
+    """The k tokens after :func:`brute_force_match` (at most ``spec_factor * n``, 1 at least)."""
+    found = brute_force_match(tokens, min_n, max_n, occurrence)
+    if found is None:
+        return []
+    start, n = found
+    most = k if spec_factor is None else min(k, max(1, int(spec_factor * n)))
+    return tokens[start: start + most]
 
 
 contexts = st.lists(st.integers(0, 3), min_size=0, max_size=120)  # a small vocabulary: many matches
@@ -42,6 +54,7 @@ def test_incremental_index_proposes_what_a_whole_context_search_does(tokens, siz
     for end in sorted({*(c for c in cuts if c <= len(tokens)), len(tokens)}):
         got = index.propose(context[:end], k)
         assert got == brute_force(tokens[:end], min_n, max_n, k, occurrence), (tokens[:end], size, k)
+        assert index.find(context[:end]) == brute_force_match(tokens[:end], min_n, max_n, occurrence)
         assert index.indexed == end
 
 
@@ -163,6 +176,48 @@ def test_a_lookup_only_domain_drafts_the_lookup_proposals(make_config, tokenizer
     assert (stats["repeat/lookup"].steps, stats["repeat/lookup"].drafted, stats["repeat/lookup"].accepted) \
         == expected["repeat/lookup"]
     assert stats["repeat/lookup"].draft_forward_ms is not None  # its cost is measured (c of its own)
+
+
+def test_spec_factor_drafts_at_most_that_many_tokens_per_matched_token(make_config, tokenizer, target):
+    """``lookup.spec_factor``: a match of n tokens drafts at most ``spec_factor * n`` (1 at
+    least), k at most; the matched length is the longest suffix n-gram's."""
+    _, _, trace = _served(make_config, tokenizer, target, """
+        num_speculative_tokens: 5
+        domains:
+          repeat:
+            lookup: {min: 1, max: 4, occurrence: latest, spec_factor: 1.5}
+            match: {keywords: [rewrite]}
+        controller: {adaptive: false}
+    """, REPEAT, ["repeat", "repeat"], max_tokens=24)
+    v = _verifier()
+    capped = 0
+    for p in trace.proposals:
+        if p.sampled:
+            k = min(5, v.MAX_LEN - len(p.context))
+            want = brute_force(p.context, 1, 4, k, "latest", spec_factor=1.5)
+            assert p.drafts == want, (p.context, p.drafts, want)
+            capped += len(brute_force(p.context, 1, 4, k, "latest")) > len(want)
+    assert capped > 5, capped  # the random target's 1-token matches: 1 draft, not 5
+
+
+@pytest.mark.parametrize("spec_factor, mosts", [(None, [None, None, None]), (1.5, [1, 3, 6]), (0.4, [1, 1, 1])])
+def test_match_rows_gives_the_most_tokens_per_match_length(make_config, spec_factor, mosts):
+    from types import SimpleNamespace
+
+    from accel_plugin.speculative.lookup import PromptLookup
+
+    factor = "null" if spec_factor is None else spec_factor
+    cfg = make_config(f"""
+        num_speculative_tokens: 5
+        domains:
+          repeat: {{lookup: {{min: 1, max: 4, spec_factor: {factor}}}, match: {{keywords: [rewrite]}}}}
+    """)
+    lookup = PromptLookup(cfg.lookups())
+    #            a match of 1 token,   of 2,                of 4 (the longest of 1..4)
+    contexts = [[7, 1, 2, 3, 7], [7, 8, 1, 2, 7, 8], [1, 2, 3, 4, 5, 6, 1, 2, 3, 4]]
+    rows = [(i, SimpleNamespace(domain="repeat", lookup=None, context=np.array(c, dtype=np.int64)))
+            for i, c in enumerate(contexts)]
+    assert lookup.match_rows(rows) == {0: (1, mosts[0]), 1: (2, mosts[1]), 2: (4, mosts[2])}
 
 
 def test_draft_and_lookup_rows_draft_with_lookup_on_a_match_else_the_draft(make_config, tokenizer, target,

@@ -62,6 +62,8 @@ __all__ = [
 DEFAULT_DOMAIN = "default"
 #: The longest n-gram prompt lookup matches (``lookup.max``).
 MAX_LOOKUP_N = 32
+#: The largest ``lookup.spec_factor`` (drafts per matched token).
+MAX_SPEC_FACTOR = 32.0
 #: The longest ``match.regex`` pattern accepted, in characters.
 MAX_REGEX_CHARS = 1000
 #: What a pattern may use, for the message that refuses one.
@@ -128,6 +130,15 @@ class LookupConfig(_Strict):
     max: int = Field(default=5, ge=1, le=MAX_LOOKUP_N)
     #: which earlier occurrence's continuation is proposed (vLLM: the earliest)
     occurrence: Literal["earliest", "latest"] = "earliest"
+    #: at most ``spec_factor * n`` drafts for a match of ``n`` tokens (suffix decoding's
+    #: ``max_spec_factor``); unset: k drafts whatever the match (vLLM's n-gram)
+    spec_factor: float | None = Field(default=None, gt=0, le=MAX_SPEC_FACTOR)
+
+    def describe(self) -> str:
+        """``2-5``; ``1-8 latest x1``: n-gram sizes, the occurrence if not the earliest, spec_factor if set."""
+        latest = " latest" if self.occurrence == "latest" else ""
+        factor = "" if self.spec_factor is None else f" x{self.spec_factor:g}"
+        return f"{self.min}-{self.max}{latest}{factor}"
 
     @model_validator(mode="after")
     def _min_within_max(self) -> LookupConfig:
@@ -298,7 +309,7 @@ class DraftConfig(_Strict):
         parts = []
         for name, draft in self.drafts().items():
             lookup = lookups.get(name)
-            drafter = "+".join(filter(None, [draft, lookup and f"lookup({lookup.min}-{lookup.max})"]))
+            drafter = "+".join(filter(None, [draft, lookup and f"lookup({lookup.describe()})"]))
             parts.append(f"{name}->{drafter or 'none'}")
         return ", ".join(parts)
 

@@ -440,6 +440,11 @@ def test_a_domain_may_use_lookup_without_a_draft(tmp_path):
     assert (lookups["repeat"].min, lookups["repeat"].max, lookups["repeat"].occurrence) == (1, 3, "earliest")
     assert (lookups[DEFAULT_DOMAIN].min, lookups[DEFAULT_DOMAIN].max) == (2, 5)
     assert config.describe() == "repeat->lookup(1-3), default->lookup(2-5)"
+    assert lookups["repeat"].spec_factor is None  # k drafts whatever the match, as vLLM's n-gram
+    config = parse_draft_config(_LOOKUP_DOMAIN.format(body="lookup: {min: 1, max: 8, occurrence: latest, "
+                                                           "spec_factor: 1.5}"), file=tmp_path / "d.yaml")
+    assert config.lookups()["repeat"].spec_factor == 1.5
+    assert config.describe() == "repeat->lookup(1-8 latest x1.5), default->none"
 
 
 @pytest.mark.parametrize("body, key, message", [
@@ -447,9 +452,12 @@ def test_a_domain_may_use_lookup_without_a_draft(tmp_path):
     ("lookup: {min: 4, max: 3}", "domains.repeat.lookup", "min (4) must not exceed max (3)"),
     ("lookup: {min: 0}", "domains.repeat.lookup.min", "greater than or equal to 1; got 0"),
     ("lookup: {max: 99}", "domains.repeat.lookup.max", "less than or equal to 32; got 99"),
-    ("lookup: {min: 2, maximum: 5}", "domains.repeat.lookup.maximum", "valid keys here: min, max, occurrence"),
+    ("lookup: {min: 2, maximum: 5}", "domains.repeat.lookup.maximum", "valid keys here: min, max, occurrence, spec_factor"),
     ("lookup: {occurrence: first}", "domains.repeat.lookup.occurrence", "'earliest' or 'latest'"),
     ("lookup: 3", "domains.repeat.lookup", "valid dictionary"),
+    ("lookup: {spec_factor: 0}", "domains.repeat.lookup.spec_factor", "greater than 0"),
+    ("lookup: {spec_factor: 64}", "domains.repeat.lookup.spec_factor", "less than or equal to 32"),
+    ("lookup: {spec_factor: many}", "domains.repeat.lookup.spec_factor", "valid number"),
 ])
 def test_bad_lookup_values_name_the_valid_ones(body, key, message):
     with pytest.raises(DraftConfigError) as info:
