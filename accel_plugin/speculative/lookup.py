@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["LOOKUP_DRAFT", "NgramIndex", "entry_domain", "lookup_entry"]
+__all__ = ["LOOKUP_DRAFT", "NgramIndex", "entry_domain", "lookup_entry", "most_drafts"]
 
 #: the "draft" id of every lookup entry in the controller (its cost is measured under it)
 LOOKUP_DRAFT = "lookup"
@@ -146,6 +146,11 @@ class PromptLookup:
             state.lookup.update(context)
             hit = state.lookup.find(context)
             if hit is not None:
-                start, n = hit
-                found[i] = start, None if cfg.spec_factor is None else max(1, int(cfg.spec_factor * n))
+                found[i] = hit[0], most_drafts(cfg.spec_factor, hit[1])
         return found
+
+
+def most_drafts(spec_factor: float | None, n: int) -> int | None:
+    """The most drafts a match of ``n`` tokens gives: ``spec_factor * n``, 1 at least
+    (``None``: no cap but k)."""
+    return None if spec_factor is None else max(1, int(spec_factor * n))

@@ -263,10 +263,10 @@ class DomainProposer:
             state.last_drafts, state.drafter = (), None
             if i in matched:  # prompt lookup first (its probes too); the draft model if it drafts nothing
                 t0 = self._clock()
-                (start, most), entry = matched[i], lookup_entry(state.domain)
+                (at, most), entry = matched[i], lookup_entry(state.domain)
                 k = min(self.controller.k_for(entry), self.max_len - len(state.context), most or self.max_len)
                 if k > 0:
-                    out[i] = [int(t) for t in state.context[start: start + k]]
+                    out[i] = [int(t) for t in state.context[at: at + k]]
                     state.last_drafts, state.drafter = tuple(out[i]), entry
                     lookup_rows, lookup_k = lookup_rows + 1, max(lookup_k, len(out[i]))
                 lookup_seconds += self._clock() - t0

@@ -181,7 +181,10 @@ def test_a_lookup_only_domain_drafts_the_lookup_proposals(make_config, tokenizer
 def test_spec_factor_drafts_at_most_that_many_tokens_per_matched_token(make_config, tokenizer, target):
     """``lookup.spec_factor``: a match of n tokens drafts at most ``spec_factor * n`` (1 at
     least), k at most; the matched length is the longest suffix n-gram's."""
-    _, _, trace = _served(make_config, tokenizer, target, """
+    import time
+
+    began = time.perf_counter()
+    proposer, _, trace = _served(make_config, tokenizer, target, """
         num_speculative_tokens: 5
         domains:
           repeat:
@@ -189,6 +192,7 @@ def test_spec_factor_drafts_at_most_that_many_tokens_per_matched_token(make_conf
             match: {keywords: [rewrite]}
         controller: {adaptive: false}
     """, REPEAT, ["repeat", "repeat"], max_tokens=24)
+    assert 0 < proposer.propose_seconds < time.perf_counter() - began  # its own time, not a clock reading
     v = _verifier()
     capped = 0
     for p in trace.proposals:

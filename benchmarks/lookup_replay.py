@@ -1,0 +1,193 @@
+"""Benchmark: prompt-lookup policies and suffix decoding replayed on the target's own answers.
+
+    .venv/bin/python -m benchmarks.lookup_replay                       # answers made once, then cached
+    ACCEL_DEMO_SUFFIX_PATH=~/.cache/accel-plugin/arctic-inference-0.1.1 .venv/bin/python -m benchmarks.lookup_replay
+
+The demo family's held-out prompt sets (``--sets``), each prompt answered once by the
+target with greedy decoding in float32 (transformers, ``--max-tokens``; cached in
+``--answers``, made again when the prompts or settings differ). Each policy is then
+replayed on those answers step by step, as a decoder with speculation would run them:
+at each step it proposes drafts from the context so far, the longest prefix that equals
+the answer's next tokens is accepted, and the step yields the accepted tokens plus one.
+Greedy verification makes this exact: the tokens per step are what a real engine would
+get, without the engine's timing noise (the drafts' verification cost is not in it:
+``drafted/step`` is what a step verifies).
+
+Policies: :class:`~accel_plugin.speculative.lookup.NgramIndex` with n-gram sizes,
+occurrence and ``spec_factor`` as a domain's ``lookup`` would set them (the k of the
+table at most), and suffix decoding (arctic-inference's ``SuffixDecodingCache``, the
+per-request prompt tree as ``accel demo`` runs it, vLLM's defaults: depth 24,
+``max_spec_factor`` 1, ``min_token_prob`` 0.1) where ``arctic_inference`` imports
+(``ACCEL_DEMO_SUFFIX_PATH`` adds folders to ``sys.path``, as for the demo's workers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from accel_plugin.speculative.lookup import NgramIndex, most_drafts
+
+FAMILY = Path(__file__).resolve().parent.parent / "demo_models" / "smollm2"
+SETS = ("repeat", "general", "code", "support", "support-free")
+#: a proposer for one request: context so far -> drafts
+Proposer = Callable[[list[int]], list[int]]
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """A prompt-lookup policy: a domain's ``lookup`` keys."""
+
+    min_n: int
+    max_n: int
+    occurrence: str = "earliest"
+    spec_factor: float | None = None
+
+    @property
+    def name(self) -> str:
+        cap = "" if self.spec_factor is None else f" x{self.spec_factor:g}"
+        return f"lookup {self.min_n}-{self.max_n} {self.occurrence}{cap}"
+
+    def start(self, prompt: list[int], k: int) -> Proposer:
+        index = NgramIndex(self.min_n, self.max_n, self.occurrence)
+
+        def propose(context: list[int]) -> list[int]:
+            tokens = np.asarray(context, dtype=np.int64)
+            index.update(tokens)
+            hit = index.find(tokens)
+            if hit is None:
+                return []
+            start, n = hit
+            return tokens[start: start + min(k, most_drafts(self.spec_factor, n) or k)].tolist()
+
+        return propose
+
+
+class Suffix:
+    """Suffix decoding over each request's own prompt and answer (arctic-inference)."""
+
+    name = "suffix decoding"
+
+    def __init__(self, depth: int = 24, spec_factor: float = 1.0, min_prob: float = 0.1):
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        self.cache = SuffixDecodingCache(max_tree_depth=depth, max_cached_requests=0)
+        self.depth, self.spec_factor, self.min_prob, self._ids = depth, spec_factor, min_prob, 0
+
+    def start(self, prompt: list[int], k: int) -> Proposer:
+        self._ids += 1
+        rid, seen = self._ids, [len(prompt)]
+        self.cache.start_request(rid, np.asarray(prompt, dtype=np.int32))
+
+        def propose(context: list[int]) -> list[int]:
+            self.cache.add_active_response(rid, context[seen[0]:])
+            seen[0] = len(context)
+            pattern = np.asarray(context[-self.depth:], dtype=np.int32)
+            draft = self.cache.speculate(rid, pattern, max_spec_tokens=k, max_spec_factor=self.spec_factor,
+                                         min_token_prob=self.min_prob)
+            return list(draft.token_ids)
+
+        return propose
+
+
+def replay(prompt: list[int], answer: list[int], propose: Proposer) -> tuple[int, int, int]:
+    """``(steps, drafted, accepted)`` decoding ``answer`` after ``prompt`` (its first token
+    comes from the prefill, as in an engine)."""
+    done, steps, drafted, accepted = 1, 0, 0, 0
+    while done < len(answer):
+        drafts = propose(prompt + answer[:done])
+        n = 0
+        for d, want in zip(drafts, answer[done:]):
+            if d != want:
+                break
+            n += 1
+        steps, drafted, accepted, done = steps + 1, drafted + len(drafts), accepted + n, done + n + 1
+    return steps, drafted, accepted
+
+
+def answers(sets: list[str], max_tokens: int, cache: Path) -> dict[str, list[list[list[int]]]]:
+    """Set -> [[prompt ids, answer ids], ...]: the target's greedy float32 answers (cached)."""
+    from accel_plugin.demo.plan import open_prompt_set
+
+    prepared = {name: open_prompt_set(FAMILY, name) for name in sets}
+    key = {"max_tokens": max_tokens, "prompts": {name: p for name, (_, _, p) in prepared.items()}}
+    if cache.is_file():
+        stored = json.loads(cache.read_text())
+        if stored.get("key") == key:
+            return stored["answers"]
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = {}
+    for name, (_, target, prompts) in prepared.items():
+        tokenizer = AutoTokenizer.from_pretrained(target)
+        model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+        rows = []
+        for prompt in prompts:
+            ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+            with torch.inference_mode():
+                full = model.generate(ids, max_new_tokens=max_tokens, do_sample=False)
+            rows.append([ids[0].tolist(), full[0, ids.shape[1]:].tolist()])
+        out[name] = rows
+        print(f"answered {name}: {len(rows)} prompts", file=sys.stderr, flush=True)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({"key": key, "answers": out}))
+    return out
+
+
+POLICIES = (Lookup(2, 5), Lookup(2, 5, "latest"), Lookup(1, 5), Lookup(1, 5, "earliest", 1.0),
+            Lookup(1, 8, "latest", 1.0), Lookup(1, 24, "latest", 1.0), Lookup(2, 8, "latest", 1.0),
+            Lookup(1, 8, "latest", 2.0))
+
+
+def table(data: dict, policies, k: int) -> list[dict]:
+    rows = []
+    for name, pairs in data.items():
+        for policy in policies:
+            steps = drafted = accepted = 0
+            for prompt, answer in pairs:
+                s, d, a = replay(prompt, answer, policy.start(prompt, k))
+                steps, drafted, accepted = steps + s, drafted + d, accepted + a
+            rows.append({"set": name, "policy": policy.name, "tokens_per_step": (steps + accepted) / max(steps, 1),
+                         "drafted_per_step": drafted / max(steps, 1), "accepted_per_draft": accepted / max(drafted, 1)})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sets", default=",".join(SETS), help=f"prompt sets, comma-separated (default: {','.join(SETS)})")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per answer (default: 64, the demo's)")
+    parser.add_argument("-k", type=int, default=5, help="most drafts per step (default: 5, the demo's k_max)")
+    parser.add_argument("--answers", type=Path, default=Path.home() / ".cache" / "accel-plugin" / "lookup_replay.json",
+                        help="where the target's answers are cached")
+    parser.add_argument("--json", type=Path, help="also write the table here")
+    args = parser.parse_args(argv)
+    sets = [s for s in args.sets.split(",") if s]
+    if not sets or args.max_tokens < 2 or args.k < 1:
+        parser.error("need at least one set, --max-tokens >= 2 and -k >= 1")
+    sys.path[:0] = [p for p in os.environ.get("ACCEL_DEMO_SUFFIX_PATH", "").split(os.pathsep) if p]
+    policies: list = list(POLICIES)
+    try:
+        policies.append(Suffix())
+    except ImportError as exc:
+        print(f"suffix decoding left out: arctic_inference does not import ({exc}); "
+              "ACCEL_DEMO_SUFFIX_PATH names its folder", file=sys.stderr)
+    rows = table(answers(sets, args.max_tokens, args.answers), policies, args.k)
+    print(f"| set | policy (k {args.k}) | tokens/step | drafted/step | accepted per draft |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['set']} | {r['policy']} | {r['tokens_per_step']:.3f} | {r['drafted_per_step']:.2f} "
+              f"| {r['accepted_per_draft']:.2f} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

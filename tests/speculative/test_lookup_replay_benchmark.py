@@ -1,0 +1,55 @@
+"""``benchmarks/lookup_replay.py`` (the replay docs/speculative.md's lookup settings come from):
+the replay counts steps as greedy verification does, and its lookup policies propose what the
+proposer's prompt lookup does."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+lookup_replay = _load("lookup_replay", HERE.parents[1] / "benchmarks" / "lookup_replay.py")
+brute_force = _load("accel_tests_lookup", HERE / "test_lookup.py").brute_force  # the definition, tested there
+
+
+def test_replay_counts_steps_drafts_and_accepted_tokens():
+    answer = [10, 11, 12, 13, 14, 15]
+    script = iter([[11, 12, 99], [14], [15, 16]])  # 2 accepted, 1 accepted, 0 left to check: ends
+    steps, drafted, accepted = lookup_replay.replay([1, 2], answer, lambda context: next(script))
+    # step 1 after the prefill's 10: 11 12 accepted + 13 sampled; step 2: 14 + 15: done (6 tokens)
+    assert (steps, drafted, accepted) == (2, 4, 3)
+    assert lookup_replay.replay([1], [7], lambda context: pytest.fail("no step to propose for")) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("policy", [lookup_replay.Lookup(2, 5), lookup_replay.Lookup(1, 8, "latest", 1.0),
+                                    lookup_replay.Lookup(1, 3, "earliest", 0.5)])
+def test_a_lookup_policy_proposes_the_definitions_drafts(policy):
+    prompt = [3, 1, 2, 3, 1, 2, 4, 1, 2, 3, 5]
+    answer = [1, 2, 3, 1, 2, 4, 6, 1, 2, 3, 1, 2]
+    propose = policy.start(prompt, 4)
+    for done in range(1, len(answer)):
+        context = prompt + answer[:done]
+        assert propose(context) == brute_force(context, policy.min_n, policy.max_n, 4, policy.occurrence,
+                                               policy.spec_factor), (policy, done)
+
+
+def test_table_sums_over_prompts_per_set_and_policy():
+    data = {"s": [[[5, 6, 7, 5, 6], [7, 5, 6, 7, 5]], [[1, 2], [3, 4]]]}
+    rows = lookup_replay.table(data, [lookup_replay.Lookup(2, 2)], 3)
+    # prompt 1: after its 7 from the prefill, "6 7" occurred at 1: 5 6 7 drafted and accepted, 5 sampled (1 step);
+    # prompt 2: "2 3" never occurred: 1 step, nothing drafted. 2 steps, 3 drafted, 3 accepted
+    assert rows == [{"set": "s", "policy": "lookup 2-2 earliest", "tokens_per_step": 2.5,
+                     "drafted_per_step": 1.5, "accepted_per_draft": 1.0}]
