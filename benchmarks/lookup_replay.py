@@ -167,11 +167,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-k", type=int, default=5, help="most drafts per step (default: 5, the demo's k_max)")
     parser.add_argument("--answers", type=Path, default=Path.home() / ".cache" / "accel-plugin" / "lookup_replay.json",
                         help="where the target's answers are cached")
+    parser.add_argument("--first", type=int, metavar="N",
+                        help="replay only the first N prompts of each set (the demo's batch-1 row: 1, batch 8: 8)")
     parser.add_argument("--json", type=Path, help="also write the table here")
     args = parser.parse_args(argv)
     sets = [s for s in args.sets.split(",") if s]
-    if not sets or args.max_tokens < 2 or args.k < 1:
-        parser.error("need at least one set, --max-tokens >= 2 and -k >= 1")
+    if not sets or args.max_tokens < 2 or args.k < 1 or (args.first is not None and args.first < 1):
+        parser.error("need at least one set, --max-tokens >= 2, -k >= 1 and --first >= 1")
+    unknown = sorted(set(sets) - set(SETS))
+    if unknown:
+        parser.error(f"--sets: unknown {', '.join(unknown)}; valid: {', '.join(SETS)}")
     sys.path[:0] = [p for p in os.environ.get("ACCEL_DEMO_SUFFIX_PATH", "").split(os.pathsep) if p]
     policies: list = list(POLICIES)
     try:
@@ -179,8 +184,10 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError as exc:
         print(f"suffix decoding left out: arctic_inference does not import ({exc}); "
               "ACCEL_DEMO_SUFFIX_PATH names its folder", file=sys.stderr)
-    rows = table(answers(sets, args.max_tokens, args.answers), policies, args.k)
-    print(f"| set | policy (k {args.k}) | tokens/step | drafted/step | accepted per draft |")
+    data = {name: pairs[: args.first] for name, pairs in answers(sets, args.max_tokens, args.answers).items()}
+    rows = table(data, policies, args.k)
+    first = "" if args.first is None else f", first {args.first} prompt(s) per set"
+    print(f"| set | policy (k {args.k}{first}) | tokens/step | drafted/step | accepted per draft |")
     print("|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['set']} | {r['policy']} | {r['tokens_per_step']:.3f} | {r['drafted_per_step']:.2f} "

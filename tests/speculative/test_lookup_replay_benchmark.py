@@ -53,3 +53,15 @@ def test_table_sums_over_prompts_per_set_and_policy():
     # prompt 2: "2 3" never occurred: 1 step, nothing drafted. 2 steps, 3 drafted, 3 accepted
     assert rows == [{"set": "s", "policy": "lookup 2-2 earliest", "tokens_per_step": 2.5,
                      "drafted_per_step": 1.5, "accepted_per_draft": 1.0}]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--first", "0"], "--first >= 1"), (["--sets", "repeat,poems"], "unknown poems; valid: repeat, general"),
+    (["-k", "0"], "-k >= 1"),
+])
+def test_bad_flags_are_refused_naming_the_valid_values(args, message):
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.lookup_replay", *args], cwd=HERE.parents[1],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
