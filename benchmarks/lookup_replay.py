@@ -113,20 +113,27 @@ def replay(prompt: list[int], answer: list[int], propose: Proposer) -> tuple[int
 
 
 def answers(sets: list[str], max_tokens: int, cache: Path) -> dict[str, list[list[list[int]]]]:
-    """Set -> [[prompt ids, answer ids], ...]: the target's greedy float32 answers (cached)."""
+    """Set -> [[prompt ids, answer ids], ...]: the target's greedy float32 answers, cached per
+    set (made again for a set whose prompts or ``max_tokens`` differ from the cached ones)."""
     from accel_plugin.demo.plan import open_prompt_set
 
-    prepared = {name: open_prompt_set(FAMILY, name) for name in sets}
-    key = {"max_tokens": max_tokens, "prompts": {name: p for name, (_, _, p) in prepared.items()}}
-    if cache.is_file():
-        stored = json.loads(cache.read_text())
-        if stored.get("key") == key:
-            return stored["answers"]
+    stored = json.loads(cache.read_text()) if cache.is_file() else {}
+    stored = stored if isinstance(stored.get("sets"), dict) else {"sets": {}}
+    out, missing = {}, []
+    for name in sets:
+        _, target, prompts = open_prompt_set(FAMILY, name)
+        key = {"max_tokens": max_tokens, "prompts": prompts}
+        cached = stored["sets"].get(name)
+        if cached is not None and cached.get("key") == key:
+            out[name] = cached["answers"]
+        else:
+            missing.append((name, target, prompts, key))
+    if not missing:
+        return out
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    out = {}
-    for name, (_, target, prompts) in prepared.items():
+    for name, target, prompts, key in missing:
         tokenizer = AutoTokenizer.from_pretrained(target)
         model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
         rows = []
@@ -136,10 +143,11 @@ def answers(sets: list[str], max_tokens: int, cache: Path) -> dict[str, list[lis
                 full = model.generate(ids, max_new_tokens=max_tokens, do_sample=False)
             rows.append([ids[0].tolist(), full[0, ids.shape[1]:].tolist()])
         out[name] = rows
+        stored["sets"][name] = {"key": key, "answers": rows}
         print(f"answered {name}: {len(rows)} prompts", file=sys.stderr, flush=True)
     cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps({"key": key, "answers": out}))
-    return out
+    cache.write_text(json.dumps(stored))
+    return {name: out[name] for name in sets}
 
 
 POLICIES = (Lookup(2, 5), Lookup(2, 5, "latest"), Lookup(1, 5), Lookup(1, 5, "earliest", 1.0),
