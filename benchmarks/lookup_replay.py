@@ -82,6 +82,8 @@ class Suffix:
         self.depth, self.spec_factor, self.min_prob, self._ids = depth, spec_factor, min_prob, 0
 
     def start(self, prompt: list[int], k: int) -> Proposer:
+        if self._ids in self.cache.active_requests:  # one request at a time: the last one is done
+            self.cache.stop_request(self._ids)
         self._ids += 1
         rid, seen = self._ids, [len(prompt)]
         self.cache.start_request(rid, np.asarray(prompt, dtype=np.int32))
