@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from accel_plugin.speculative.lookup import NgramIndex, most_drafts
+from accel_plugin.speculative.lookup import NgramIndex
 
 FAMILY = Path(__file__).resolve().parent.parent / "demo_models" / "smollm2"
 SETS = ("repeat", "general", "code", "support", "support-free")
@@ -58,16 +58,7 @@ class Lookup:
     def start(self, prompt: list[int], k: int) -> Proposer:
         index = NgramIndex(self.min_n, self.max_n, self.occurrence)
 
-        def propose(context: list[int]) -> list[int]:
-            tokens = np.asarray(context, dtype=np.int64)
-            index.update(tokens)
-            hit = index.find(tokens)
-            if hit is None:
-                return []
-            start, n = hit
-            return tokens[start: start + min(k, most_drafts(self.spec_factor, n) or k)].tolist()
-
-        return propose
+        return lambda context: index.propose(np.asarray(context, dtype=np.int64), k, self.spec_factor)
 
 
 class Suffix:
@@ -135,9 +126,10 @@ def answers(sets: list[str], max_tokens: int, cache: Path) -> dict[str, list[lis
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    for name, target, prompts, key in missing:
-        tokenizer = AutoTokenizer.from_pretrained(target)
-        model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    target = missing[0][1]  # the family's one target
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    for name, _, prompts, key in missing:
         rows = []
         for prompt in prompts:
             ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids

@@ -103,19 +103,17 @@ class NgramIndex:
                 return found, n
         return None
 
-    def match(self, tokens: np.ndarray) -> int | None:
-        """The position of :meth:`find` (``None``: no match)."""
-        found = self.find(tokens)
-        return None if found is None else found[0]
-
-    def propose(self, tokens: np.ndarray, k: int) -> list[int]:
-        """Up to ``k`` tokens after the longest suffix match (``[]``: no match); indexes
-        the tokens it has not seen first."""
+    def propose(self, tokens: np.ndarray, k: int, spec_factor: float | None = None) -> list[int]:
+        """Up to ``k`` tokens after the longest suffix match (``[]``: no match), at most
+        :func:`most_drafts` of them; indexes the tokens it has not seen first."""
         if k <= 0:
             return []
         self.update(tokens)
-        start = self.match(tokens)
-        return [] if start is None else [int(t) for t in tokens[start: start + k]]
+        hit = self.find(tokens)
+        if hit is None:
+            return []
+        start, n = hit
+        return [int(t) for t in tokens[start: start + min(k, most_drafts(spec_factor, n) or k)]]
 
 
 class PromptLookup:
