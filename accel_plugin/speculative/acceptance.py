@@ -2,11 +2,17 @@
 request and step: drafted ``k``, accepted ``n``) with running sums, giving the
 per-position acceptance ``a`` as accepted / tested positions (a position is tested
 when every earlier draft was accepted: ``n + (n < k)`` positions, the
-maximum-likelihood estimate, unlike accepted / drafted which is biased low)."""
+maximum-likelihood estimate, unlike accepted / drafted which is biased low).
+
+An observation may also carry its row's *offer*: the most drafts the row would have drafted at any k
+(prompt lookup's ``spec_factor x`` match length). With offers, :meth:`AcceptanceWindow.profile` gives an
+:class:`.speedup.OfferProfile`, each position's acceptance read among the rows offered that far."""
 
 from __future__ import annotations
 
 from collections import deque
+
+from .speedup import OfferProfile
 
 __all__ = ["AcceptanceWindow"]
 
@@ -16,18 +22,22 @@ class AcceptanceWindow:
 
     def __init__(self, size: int, k_max: int):
         self.size = size
-        self._obs: deque[tuple[int, int]] = deque()
+        self._obs: deque[tuple[int, int, int | None]] = deque()
         self.tested = 0
         self.accepted = 0
         self.drafted = 0
         # per position j (0-based): how often it was tested / accepted
         self.pos_tested = [0] * k_max
         self.pos_accepted = [0] * k_max
+        # the same per offer o (1..k_max, index o - 1), for observations with an offer
+        self.offered = [0] * k_max
+        self.offer_tested = [[0] * k_max for _ in range(k_max)]
+        self.offer_accepted = [[0] * k_max for _ in range(k_max)]
 
     def __len__(self) -> int:
         return len(self._obs)
 
-    def _apply(self, k: int, n: int, sign: int) -> None:
+    def _apply(self, k: int, n: int, offer: int | None, sign: int) -> None:
         tested = min(n + 1, k)
         self.tested += sign * tested
         self.accepted += sign * n
@@ -36,14 +46,24 @@ class AcceptanceWindow:
             self.pos_tested[j] += sign
             if j < n:
                 self.pos_accepted[j] += sign
+        if offer is not None:
+            self.offered[offer - 1] += sign
+            tested_at, accepted_at = self.offer_tested[offer - 1], self.offer_accepted[offer - 1]
+            for j in range(min(tested, len(tested_at))):
+                tested_at[j] += sign
+                accepted_at[j] += sign * (j < n)
 
-    def add(self, k: int, n: int) -> None:
+    def add(self, k: int, n: int, offer: int | None = None) -> None:
+        """A row drafted ``k`` and ``n`` were accepted; ``offer``: the most it would have drafted
+        (at least ``k``, at most the window's ``k_max``)."""
         if k <= 0:
             return
         if not 0 <= n <= k:
             raise ValueError(f"accepted must be in 0..{k}; got {n}")
-        self._obs.append((k, n))
-        self._apply(k, n, +1)
+        if offer is not None:
+            offer = min(max(offer, k), len(self.offered))
+        self._obs.append((k, n, offer))
+        self._apply(k, n, offer, +1)
         if len(self._obs) > self.size:
             self._apply(*self._obs.popleft(), -1)
 
@@ -68,3 +88,31 @@ class AcceptanceWindow:
             prior = (a + weight * prior) / (t + weight)
             out.append(prior)
         return out
+
+    def profile(self, weight: float = 16.0) -> list[float] | OfferProfile | None:
+        """What the speedup model reads: :meth:`positions`, or, where the observations carry
+        offers, an :class:`.OfferProfile`: for each position j, the share of rows offered j or more
+        drafts and, among those rows only, each position's acceptance up to j shrunk as in
+        :meth:`positions` (towards the position before it, the first towards those rows' mean), so
+        that the longer matches are read by their own acceptance, not the pool's."""
+        offered = sum(self.offered)
+        if not offered:
+            return self.positions(weight)
+        size = len(self.offered)
+        rows, tested, accepted = 0, [0] * size, [0] * size  # sums over the offers >= o, o from the top
+        groups = []
+        for o in range(size, 0, -1):
+            rows += self.offered[o - 1]
+            for j in range(o):
+                tested[j] += self.offer_tested[o - 1][j]
+                accepted[j] += self.offer_accepted[o - 1][j]
+            groups.append((o, rows, sum(accepted) / sum(tested) if rows else 0.0, tested[:o], accepted[:o]))
+        reach, accept = [], []
+        for o, rows, prior, tested, accepted in reversed(groups):  # offers >= 1, >= 2, ...
+            q = 1.0
+            for a, t in zip(accepted, tested):
+                prior = (a + weight * prior) / (t + weight) if t + weight else prior  # untested (weight 0)
+                q *= prior
+            reach.append(rows / offered)
+            accept.append(q if rows else 0.0)
+        return OfferProfile(tuple(reach), tuple(accept))

@@ -185,16 +185,15 @@ class DomainController:
 
     # -------------------------------------------------------------------- decisions
 
-    def observe(self, domain: str, k: int, accepted: int) -> None:
-        """A request of ``domain`` drafted ``k`` tokens last step; ``accepted`` were kept."""
+    def observe(self, domain: str, k: int, accepted: int, offer: int | None = None) -> None:
+        """A request of ``domain`` drafted ``k`` tokens last step, ``accepted`` were kept; ``offer``: the most it
+        would have drafted at any k (a lookup's ``spec_factor`` cap; ``None``: k_max)."""
         d = self._domains[domain]
         if k <= 0:
             return
         accepted = max(0, min(accepted, k))
-        d.window.add(k, accepted)
-        d.steps += 1
-        d.drafted += k
-        d.accepted += accepted
+        d.window.add(k, accepted, offer)
+        d.steps, d.drafted, d.accepted = d.steps + 1, d.drafted + k, d.accepted + accepted
 
     def step(self, rows: int = 1, domains: Iterable[str] | None = None,
              row_domains: Sequence[str] | None = None) -> None:
@@ -210,8 +209,9 @@ class DomainController:
         for name in seen:  # a domain with no request here has nothing new to decide at this bucket
             self._decide(self._domains[name], b)
         names = set(row_domains) if row_domains is not None else seen
-        # a domain's lookup entry counts as the domain: matches come and go from step to step
-        self._mix = mix = frozenset(entry_domain(n) for n in names
+        # a lookup entry counts as its domain (matches come and go from step to step), but in a one-row
+        # step, a single entry: there a draft that loses beside a lookup that pays goes off alone
+        self._mix = mix = frozenset(n if b == 1 else entry_domain(n) for n in names
                                     if self._domains[n].fixed not in DomainState.NEVER_DRAFTS)
         verdict = self.gate.begin(b, mix) if self._gating else GateState.WARMUP
         if verdict == GateState.OFF:
@@ -231,7 +231,7 @@ class DomainController:
             state, k = self._state(d, bucket)
             if not k or d.fixed is not None:
                 continue
-            rates, c = d.window.positions(), self.cost_ratio(name)  # acceptance per draft position
+            rates, c = d.window.profile(), self.cost_ratio(name)  # acceptance per draft position
             if state == DomainState.WARMUP or rates is None or c is None:
                 return
             ks[name], alphas[name], costs[name] = k, rates, c
@@ -269,7 +269,7 @@ class DomainController:
     def _decide(self, d: _Domain, bucket: int) -> None:
         if d.fixed is not None:
             return
-        alpha, rates, c = d.window.alpha, d.window.positions(), self.cost_ratio(d.name)
+        alpha, rates, c = d.window.alpha, d.window.profile(), self.cost_ratio(d.name)
         if not d.warm:
             d.warmup_steps += 1
             if alpha is None or len(d.window) < self.cfg.min_samples or c is None or not self._overhead_known(d):
@@ -356,7 +356,7 @@ class DomainController:
             state, k = self._state(d, b)
             v = self.verify_overhead(max(k, 1))
             c = self.cost_ratio(d.name)
-            alpha, rates = d.window.alpha, d.window.positions()
+            alpha, rates = d.window.alpha, d.window.profile()
             speedup = None if alpha is None or c is None else expected_speedup(rates, k, c, v)
             out[d.name] = DomainStats(
                 domain=d.name, draft=d.draft, state=state, k=k, k_max=d.k_max,

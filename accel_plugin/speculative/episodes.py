@@ -13,9 +13,10 @@ An **episode** is such a batch: it starts at a call whose decoding rows are all 
 starts; a row that joins midway, or a step that is not timed, spoils it (a server
 that admits rows as others finish has no tail: its cycles tell the truth). Of a
 finished episode, with ``m_i`` the tokens row ``i`` received after the first call
-and ``p(r)`` a plain cycle's time at ``r`` rows (the lower quartile of the recent ones of
-the episode's domain mix where :data:`MIN_OWN` were measured, else of every mix; a row count
-not measured reads as its measured neighbours, interpolated):
+and ``p(r)`` a plain cycle's time at ``r`` rows (the mean of the episode's own plain cycles at ``r``
+where it ran :data:`MIN_SELF`, else the lower quartile of the recent ones of the episode's domain
+mix where :data:`MIN_OWN` were measured, else of every mix; a row count not measured reads as its
+measured neighbours, interpolated):
 
 - ``P``, plain's time for the same tokens: rows sorted by ``m``,
   ``sum_j (m_(j) - m_(j-1)) p(R - j + 1)`` (a plain row gets one token a step);
@@ -28,7 +29,11 @@ support batches' plain time, and so their whole speedup, 10-25% too high; and ``
 lower quartile, not a median, because a plain step never takes less than its work but
 often more (a shape's first runs, a busy machine), and the cycles an on key keeps are
 few and old: calibration steps are rare once it pays, so most of them ran in the
-engine's first minute. In a sweep's sequence on a 2-core CPU (batches of 1, 2, 4 and 8
+engine's first minute; the episode's own plain cycles, where it ran enough, are in its measured
+time, so their mean prices its plain steps as they ran (lone general requests drafting by prompt
+lookup in a compiled engine, most of their steps plain, no match: whole speedups 0.95-1.07x by the
+lower quartile, whose lower median switched the key off; 1.04-1.14x by their own cycles). In a
+sweep's sequence on a 2-core CPU (batches of 1, 2, 4 and 8
 support prompts, 3 rounds), 16 of the 19 plain cycles of the drafting engine ran in its
 warm-up, and their median read 91.5 ms at 8 rows and 90.4 ms at 4, where a plain step of
 the same rows took 64-67 and 51-53 ms in an engine beside it that never drafted: the
@@ -60,7 +65,7 @@ from dataclasses import dataclass, field
 
 from .costs import lower_quartile
 
-__all__ = ["MIN_DRAFTING", "MIN_OWN", "Episodes", "plain_time", "tail_factor"]
+__all__ = ["MIN_DRAFTING", "MIN_OWN", "MIN_SELF", "Episodes", "plain_time", "tail_factor"]
 
 #: an episode counts (its tail factor and whole speedup) when at least this fraction of its cycles drafted
 MIN_DRAFTING = 0.25
@@ -70,6 +75,8 @@ _MAX_CYCLES = 8192
 _KEPT = 32
 #: plain cycles of an episode's own mix at a row count that make its p(r) there
 MIN_OWN = 3
+#: plain cycles of the episode itself at a row count that make its p(r) there (their mean)
+MIN_SELF = 8
 
 
 @dataclass
@@ -79,6 +86,7 @@ class _Episode:
     keys: set = field(default_factory=set)  #: the keys its steps began at, at its first step's bucket
     cycles: list = field(default_factory=list)  #: (rows, tokens, drafted)
     seconds: float = 0.0  #: the time of its cycles
+    plain: dict = field(default_factory=dict)  #: rows -> the times of its own plain cycles
 
 
 def _plain_at(plain: Mapping[int, float], rows: int) -> float | None:
@@ -187,6 +195,8 @@ class Episodes:
             ep.rows[row] += n
         ep.cycles.append(cycle[1:])
         ep.seconds += cycle[0]
+        if not cycle[3]:
+            ep.plain.setdefault(cycle[1], []).append(cycle[0])
         return None
 
     def set_key(self, key: tuple) -> None:
@@ -204,6 +214,7 @@ class Episodes:
         if drafting < MIN_DRAFTING * len(ep.cycles):
             return None
         plain = self.plain_times(ep.key[1])
+        plain.update({r: sum(times) / len(times) for r, times in ep.plain.items() if len(times) >= MIN_SELF})
         plain_s = plain_time(list(ep.rows.values()), plain)
         factor = _ratio(plain_s, _credit(ep.cycles, plain))
         if factor is None:

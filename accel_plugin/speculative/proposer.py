@@ -260,7 +260,7 @@ class DomainProposer:
         lookup_rows = lookup_k = 0
         for i, state in rows:
             draft = self._drafts[state.domain]
-            state.last_drafts, state.drafter = (), None
+            state.last_drafts, state.drafter, state.offer = (), None, None
             if i in matched:  # prompt lookup first (its probes too); the draft model if it drafts nothing
                 t0 = self._clock()
                 (at, most), entry = matched[i], lookup_entry(state.domain)
@@ -268,6 +268,7 @@ class DomainProposer:
                 if k > 0:
                     out[i] = [int(t) for t in state.context[at: at + k]]
                     state.last_drafts, state.drafter = tuple(out[i]), entry
+                    state.offer = most and min(most, len(state.context) - at)  # what any k would draft
                     lookup_rows, lookup_k = lookup_rows + 1, max(lookup_k, len(out[i]))
                 lookup_seconds += self._clock() - t0
                 if k > 0:
@@ -308,8 +309,7 @@ class DomainProposer:
         self._maybe_log()
         self._last_drafted = sum(map(len, out))
         self._last_rows = len(rows)
-        self._last_return = self._clock()
-        self._last_start = start
+        self._last_return, self._last_start = self._clock(), start
         self.propose_seconds += self._last_return - start
         self.controller.record_call(len(rows), self._last_return - start, draft_seconds, self._last_drafted)
         return out
@@ -321,7 +321,7 @@ class DomainProposer:
             accepted = 0
             while accepted < limit and int(new[accepted]) == state.last_drafts[accepted]:
                 accepted += 1
-            self.controller.observe(state.drafter or state.domain, len(state.last_drafts), accepted)
+            self.controller.observe(state.drafter or state.domain, len(state.last_drafts), accepted, state.offer)
         state.extend(new)
 
     def _tell_size(self, draft: str) -> None:

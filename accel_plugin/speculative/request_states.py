@@ -90,6 +90,7 @@ class RequestState:
     request_id: Hashable | None = None  #: the adapter's id (rows with request ids)
     lookup: NgramIndex | None = None  #: the n-gram index of its context (domains with prompt lookup)
     drafter: str | None = None  #: the controller entry that made ``last_drafts`` (None: its domain)
+    offer: int | None = None  #: the most a lookup would have drafted at any k (``spec_factor``'s cap; None: k)
 
     @classmethod
     def start(cls, domain: str, tokens: np.ndarray, **fields) -> RequestState:

@@ -7,7 +7,8 @@ its rows and every draft model that runs in it::
              / (1 + v(drafts per row) + sum over drafts run of k_d c_d + h)
 
 ``E`` is :func:`.speedup.expected_tokens` (``a_row``: its domain's acceptance per draft
-position; 1 for a row that drafts nothing), ``k_d``
+position, or its :class:`.speedup.OfferProfile` where rows are offered fewer drafts, which also
+gives its drafts per row; 1 for a row that drafts nothing), ``k_d``
 the most tokens draft ``d`` drafts for a row (its forwards), ``c_d`` its cost ratio
 at this bucket, ``h`` the host time of a drafting ``propose`` call beyond its draft
 forwards and beyond a plain call's, in plain target steps. It keeps the subset of
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from itertools import combinations
 
-from .speedup import expected_tokens
+from .speedup import OfferProfile, expected_drafts, expected_tokens
 
 __all__ = ["plan_step", "step_speedup"]
 
@@ -28,13 +29,16 @@ __all__ = ["plan_step", "step_speedup"]
 _ENUMERATE = 4
 
 
-def step_speedup(rows: int, plan: dict[str, int], counts: dict[str, int], alphas: dict[str, float | Sequence[float]],
+Alpha = float | Sequence[float] | OfferProfile
+
+
+def step_speedup(rows: int, plan: dict[str, int], counts: dict[str, int], alphas: dict[str, Alpha],
                  costs: dict[str, float], draft_of: dict[str, str], verify: Callable[[float], float],
                  host: float) -> float:
     """``S_step`` (module docstring) of drafting ``plan[d]`` tokens for the ``counts[d]``
     rows of each domain ``d`` (the other rows of the ``rows`` draft nothing);
     ``costs`` holds c per domain, ``verify(drafts per row)`` gives v."""
-    drafted = sum(counts[d] * k for d, k in plan.items() if k)
+    drafted = sum(counts[d] * expected_drafts(alphas[d], k) for d, k in plan.items() if k)
     if not drafted:
         return 1.0
     tokens = rows - sum(counts[d] for d, k in plan.items() if k)
@@ -48,7 +52,7 @@ def step_speedup(rows: int, plan: dict[str, int], counts: dict[str, int], alphas
     return tokens / rows / cost
 
 
-def plan_step(rows: int, ks: dict[str, int], counts: dict[str, int], alphas: dict[str, float | Sequence[float]],
+def plan_step(rows: int, ks: dict[str, int], counts: dict[str, int], alphas: dict[str, Alpha],
               costs: dict[str, float], draft_of: dict[str, str], verify: Callable[[float], float],
               host: float, k_max: dict[str, int]) -> tuple[dict[str, int], float]:
     """The plan (domain -> k, 0 = dropped) among the domains of ``ks`` (their

@@ -176,6 +176,7 @@ def test_a_lookup_only_domain_drafts_the_lookup_proposals(make_config, tokenizer
     assert (stats["repeat/lookup"].steps, stats["repeat/lookup"].drafted, stats["repeat/lookup"].accepted) \
         == expected["repeat/lookup"]
     assert stats["repeat/lookup"].draft_forward_ms is not None  # its cost is measured (c of its own)
+    assert not any(proposer.controller._domains["repeat/lookup"].window.offered)  # no spec_factor: k for all
 
 
 def test_spec_factor_drafts_at_most_that_many_tokens_per_matched_token(make_config, tokenizer, target):
@@ -202,6 +203,8 @@ def test_spec_factor_drafts_at_most_that_many_tokens_per_matched_token(make_conf
             assert p.drafts == want, (p.context, p.drafts, want)
             capped += len(brute_force(p.context, 1, 4, k, "latest")) > len(want)
     assert capped > 5, capped  # the random target's 1-token matches: 1 draft, not 5
+    window = proposer.controller._domains["repeat/lookup"].window  # every row's offer read with it
+    assert sum(window.offered) == len(window) > 5 and window.offered[0]  # 1-token matches: offered 1
 
 
 @pytest.mark.parametrize("spec_factor, mosts", [(None, [None, None, None]), (1.5, [1, 3, 6]), (0.4, [1, 1, 1])])

@@ -162,7 +162,7 @@ def _drafts_one_token_behind(proposer, monkeypatch):
 def _counts_the_target_token(proposer, monkeypatch):
     """Counts the token the target adds after a rejection as an accepted draft."""
     real = proposer.controller.observe
-    monkeypatch.setattr(proposer.controller, "observe", lambda domain, k, n: real(domain, k, min(k, n + 1)))
+    monkeypatch.setattr(proposer.controller, "observe", lambda domain, k, n, *offer: real(domain, k, min(k, n + 1), *offer))
 
 
 class _RowIndexProposer(DomainProposer):

@@ -252,7 +252,7 @@ def test_gate_only_changes_k_greedy_outputs_stay_exact(make_config, tokenizer, t
     assert late and sum(1 for p in late if p.drafts) < len(late) / 2
 
 
-def test_a_domains_prompt_lookup_counts_as_the_domain_in_the_step_mix():
+def test_a_domains_prompt_lookup_counts_as_the_domain_in_the_step_mix_of_several_rows():
     # lookup matches come and go from step to step: one batch of support rows is one key
     drafts = {"support": "/d/support", "support/lookup": "lookup", "repeat": None, "repeat/lookup": "lookup"}
     ctl = DomainController(ControllerConfig(), drafts, dict.fromkeys(drafts, 4))
@@ -262,6 +262,11 @@ def test_a_domains_prompt_lookup_counts_as_the_domain_in_the_step_mix():
     ctl.step(2, {"repeat", "repeat/lookup"}, ["repeat", "repeat/lookup"])  # a lookup-only domain: its entry
     assert set(ctl.step_stats()[8]["mixes"]) == {"support"} and ctl.step_stats()[8]["steps"] == 3
     assert set(ctl.step_stats()[2]["mixes"]) == {"repeat"}
+    # but a one-row step is one entry: its draft and its lookup get a verdict each
+    for rows in (["support"], ["support/lookup"], ["support"]):
+        ctl.step(1, set(rows), rows)
+        ctl.end_step(set(rows))
+    assert set(ctl.step_stats()[1]["mixes"]) == {"support", "support/lookup"}
 
 
 def test_a_larger_batch_starts_off_where_a_smaller_one_of_the_same_mix_lost():
