@@ -106,9 +106,9 @@ class AcceptanceWindow:
             for j in range(o):
                 tested[j] += self.offer_tested[o - 1][j]
                 accepted[j] += self.offer_accepted[o - 1][j]
-            groups.append((o, rows, sum(accepted) / sum(tested) if rows else 0.0, tested[:o], accepted[:o]))
+            groups.append((rows, sum(accepted) / sum(tested) if rows else 0.0, tested[:o], accepted[:o]))
         reach, accept = [], []
-        for o, rows, prior, tested, accepted in reversed(groups):  # offers >= 1, >= 2, ...
+        for rows, prior, tested, accepted in reversed(groups):  # offers >= 1, >= 2, ...
             q = 1.0
             for a, t in zip(accepted, tested):
                 prior = (a + weight * prior) / (t + weight) if t + weight else prior  # untested (weight 0)
