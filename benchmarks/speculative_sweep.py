@@ -31,6 +31,7 @@ from accel_plugin.demo.family import FamilyError, default_models_dir
 from accel_plugin.demo.peers import PEERS
 from accel_plugin.demo.plan import open_prompt_set
 from accel_plugin.demo.report import engine_lines, paired_ratio, summarise
+from accel_plugin.diagnostics.host import cpu_info, cpu_line
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -126,12 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{family.name}, set {args.set}, {args.max_tokens} tokens per prompt, {args.rounds} rounds, "
           f"{'compiled' if args.compile else 'eager'} engines; "
           "ratios: median of paired rounds; gate/pred/meas: the controller's step model per batch bucket")
+    print(f"machine: {cpu_line()}")
     print("\n".join(engine_lines(results)))
     print(render(rows))
     print("the controller at the end of the run, per batch bucket and domain mix:")
     print("\n".join(step_lines(step)))
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "step_stats": step}, indent=2) + "\n")
+        args.json.write_text(json.dumps({"rows": rows, "step_stats": step, "cpu": cpu_info()}, indent=2) + "\n")
     return 0
 
 

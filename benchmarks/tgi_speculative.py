@@ -41,6 +41,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from accel_plugin.diagnostics.host import cpu_info, cpu_line
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "integration" / "scripts" / "tgi_spec_generate.py"
 DEMO = ROOT / "demo_models" / "smollm2"
@@ -158,7 +160,8 @@ def main() -> None:
     parser.add_argument("--speculate", type=int, default=5, help="TGI's --speculate N (the YAML's k_max is 5)")
     parser.add_argument("--rounds", type=int, default=1, help="timed rounds per configuration (median)")
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of the TGI process")
-    parser.add_argument("--json-out", default=None, help="write the raw results here")
+    parser.add_argument("--json-out", default=None,
+                        help='write the raw results here ({"cpu": the machine, "runs": per batch size})')
     args = parser.parse_args()
     if not _tgi_python().exists():
         sys.exit(f"needs a TGI environment: {_tgi_python()} not found (set ACCEL_TGI_PYTHON; see docs/tgi.md)")
@@ -180,10 +183,11 @@ def main() -> None:
     for row in rows:
         print("| " + " | ".join(row) + " |")
     print()
+    print(f"machine: {cpu_line()}")
     for note in notes:
         print(note)
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(raw))
+        Path(args.json_out).write_text(json.dumps({"cpu": cpu_info(), "runs": raw}))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Report what accel-plugin sees on this machine: library versions, the device, how
+"""Report what accel-plugin sees on this machine: library versions, the device and the CPU, how
 the Triton kernels would run, every registered backend and proposer (supported or
 refused, and why) and the effective environment variables.
 
@@ -25,6 +25,7 @@ from importlib import metadata
 from typing import Any
 
 from .. import __version__, envs
+from ..diagnostics.host import cpu_info, cpu_line
 
 #: import name -> label shown
 PACKAGES = ("torch", "triton", "vllm", "text_generation_server")
@@ -142,6 +143,7 @@ def collect(environ=None) -> dict[str, Any]:
         report["versions"][name] = package_version(name)
     device = _device_info()
     report["device"] = device
+    report["cpu"] = cpu_info()
     report["kernels"] = _kernel_mode(device["device"])
     env, env_errors = _env_report(environ)
     report["env"] = env
@@ -204,6 +206,8 @@ def render(report: dict[str, Any]) -> str:
     for name, version in report["versions"].items():
         lines.append(f"  {name:<24} {version or 'not installed'}")
     lines += ["", "Device", f"  {'device':<24} {report['device']['detail']}"]
+    if report.get("cpu"):
+        lines.append(f"  {'cpu':<24} {cpu_line(report['cpu'])}")
     kernels = report["kernels"]
     lines.append(f"  {'triton kernels':<24} {kernels['mode']}: {kernels['reason']}")
     if "tgi_adapter" in report:

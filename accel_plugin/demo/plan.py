@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from ..diagnostics.host import cpu_info
 from ..ranges import Range, check_settings
 from .family import Family, FamilyError, default_models_dir, load_family
 
@@ -205,7 +206,7 @@ class DemoPlan:
                     "dtype": s.dtype, "compile": s.compile, "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
                     "ignore_eos": self.family.ignore_eos, "peers": self.peers, "control": s.control,
                     "skipped_peers": self.skipped_peers, "goal_domain": self.family.goal_domain,
-                    "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}}
+                    "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": cpu_info()}}
         return build_report(results, self.routes, settings, self.family.goal_domain, peers=self.peers)
 
     def titles(self) -> dict[str, str]:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from ..diagnostics.host import cpu_line
+
 __all__ = ["GOALS", "build_report", "paired_ratio", "per_round_ratios", "render", "summarise", "verdicts"]
 
 #: the goals of `accel demo` (issue 10), checked against what is measured, never assumed
@@ -306,6 +308,9 @@ def render(report: dict, titles: dict[str, str]) -> str:
         f"k_max {st['num_speculative_tokens']}, up to {st['max_tokens']} tokens per prompt"
         f"{' (ends at end of answer)' if not st.get('ignore_eos', True) else ''}; batch 1 = {st['batch1_prompts']} "
         f"prompts one at a time, batch 8 = 8 prompts together; {st['repeats']} round(s)")
+    cpu = (st.get("machine") or {}).get("cpu")
+    if cpu:
+        lines.append(f"machine: {cpu_line(cpu)}")
     lines += engine_lines(report["engines"])
     lines.append("tok/s = the median round; ratio = the median of the rounds' paired ratios; pred = the "
                  "controller's formula at that batch size; propose ms = the whole propose() call per step")

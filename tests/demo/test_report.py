@@ -85,7 +85,10 @@ def test_table_and_verdicts_from_fake_numbers():
     assert "2.50x" in text and "[MET   ]" in text and "[MISSED]" in text and "134.5M parameters" in text
     assert "plain CPU_ATTN" in text and "DISAGREE" in text
     assert "tuned CPU_ATTN (compilation DYNAMO_TRACE_ONCE)" in text and "eager engines" in text
+    assert "machine:" not in text  # a report without the CPU (older JSON) prints none
     json.dumps(report)  # --json writes exactly this
+    report["settings"]["machine"] = {"cpu": {"model": "AMD EPYC 7B13", "arch": "x86_64", "cpus": 2, "isa": ["AVX2"]}}
+    assert "\nmachine: AMD EPYC 7B13, 2 CPUs, x86_64 with AVX2\n" in render(report, {"tuned": "TUNED"})
 
 
 def test_a_speed_goal_is_missed_when_outputs_differ():
