@@ -18,40 +18,40 @@ seconds over the drafting one's). Same rows, so that both did the same work but 
 so that a slow spell of a shared machine slows both. The measured speedup is the samples' mean gain times
 their median time ratio (:func:`.costs.measured_speedup`).
 
-**Whole batches.** A batch that starts together and that no row joins pays for drafting in its tail too (rows
-that drafted finish unevenly): :mod:`.episodes` measures each such batch's *tail factor* (kept at each key of
-its first bucket), and the gate reads a key's measured speedup times the median of its last 4 factors; a key
-with none borrows the median of its bucket's other keys' factors (a new mix of a bucket whose whole batches
-lose starts judged by them), 1 where the bucket has none. A whole batch that counts also gives its *whole
-speedup* (plain's time for its tokens over its measured time, everything included: the draft's prefill,
-catch-ups, the tail); the lower median of a key's last 4 below ``min_speedup`` switches it off at once (two
-bad of 3-4, not one noisy batch after good ones); one below its cycles times the tail factor makes its factor
-whole over cycles (cycles pair with rare calibration steps: support at batch 8 read 1.24-1.43x by its cycles,
-0.87-0.91x whole, 1.07x by cycles times tail, and its probes would switch it back on). Where its last 4 whole
-batches paid (lower median at least ``min_speedup * (1 + hysteresis)``) an on key's cycles do not switch it
-off: at batch 1 the few cycles that pair (a drafting one beside a calibration step) read 0.93x for TGI's
-support key whose whole requests read 1.1-2.4x.
+**Whole batches.** A batch that starts together and that no row joins pays for drafting in its tail too (rows that
+drafted finish unevenly): :mod:`.episodes` measures each such batch's *tail factor* (kept at each key of its first
+bucket), and the gate reads a key's measured speedup times the median of its last 4 factors; a key with none
+borrows the median of its bucket's other keys' factors (a new mix of a bucket whose whole batches lose starts
+judged by them), 1 where the bucket has none or is batch 1 (no tail there, and another entry's whole-over-cycles
+says nothing of this one's: a compiled demo's `default/lookup`, 1.22x by its cycles, read 0.7x by a borrowed factor
+and stayed off where n-gram paid 1.12x). A whole batch that counts also gives its *whole speedup* (plain's time for
+its tokens over its measured time, everything included: the draft's prefill, catch-ups, the tail); the lower median
+of a key's last 4 below ``min_speedup`` switches it off at once (two bad of 3-4, not one noisy batch after good
+ones); one below its cycles times the tail factor makes its factor whole over cycles (cycles pair with rare
+calibration steps: support at batch 8 read 1.24-1.43x by its cycles, 0.87-0.91x whole, 1.07x by cycles times tail,
+and its probes would switch it back on). Where its last 4 whole batches paid (lower median at least ``min_speedup *
+(1 + hysteresis)``) an on key's cycles do not switch it off: at batch 1 the few cycles that pair (a drafting one
+beside a calibration step) read 0.93x for TGI's support key whose whole requests read 1.1-2.4x.
 
-**Gate.** Per key: ``warmup`` until ``gate_min_samples`` samples, then ``on`` or ``off`` by the measured
-speedup of the last ``gate_window`` (times the factor): on goes off below ``min_speedup``, off goes on at
-``min_speedup * (1 + hysteresis)``, either after ``gate_switch_after`` consecutive samples that ask for it (a
-switch keeps only the last ``gate_min_samples`` samples, so the next verdict reads the new regime). A new key
-starts ``off`` where the nearest smaller bucket with a verdict for its mix is off (a verified draft token per
-row costs more as the batch grows: no warm-up to find that out again), or, with no such bucket, where its mix
-has several domains and each alone is off at its bucket (a step that drafts for several domains pays for
-several drafts); from there it is an ordinary off key: its probes' samples switch it on only at ``min_speedup
-* (1 + hysteresis)``, ``gate_switch_after`` times in a row (a first verdict at ``min_speedup`` let four noisy
-probes of a losing mix switch it on: support-free at batch 8 then ran whole batches at 0.69x). At an off key
-no row drafts, except a probe after :func:`probe_interval` steps (``gate_probe_interval`` times the bucket, at
-most 8): two drafting steps, the first to let the drafts catch up on the plain steps' tokens (not paired), the
-second measured against its plain neighbours. The catch-up is a draft forward over every token the rows took
-meanwhile (at batch 8 about a plain step), so each probe that leaves the key off doubles the interval to the
-next, up to :data:`MAX_BACKOFF` doublings (at batch 1, 16 steps then 32 then 64: probes every 16 steps cost a
-lone general request about 6%). A whole batch's switch (its speedups, or a factor that brings an on key below
-``min_speedup`` where its cycles alone are above) starts at :data:`MAX_BACKOFF` doublings (a whole batch is
-stronger evidence than a cycle), and so does a key that starts off (a probe drafts for every row, every draft
-of its mix, and catches up rows that never drafted over their whole context); any other switch resets the
-interval.
+**Gate.** Per key: ``warmup`` until ``gate_min_samples`` samples, then ``on`` or ``off`` by the measured speedup of
+the last ``gate_window`` (times the factor): on goes off below ``min_speedup``, off goes on at ``min_speedup * (1 +
+hysteresis)``, either after ``gate_switch_after`` consecutive samples that ask for it (a switch keeps only the last
+``gate_min_samples`` samples, so the next verdict reads the new regime). A new key starts ``off`` where the nearest
+smaller bucket with a verdict for its mix is off (a verified draft token per row costs more as the batch grows: no
+warm-up to find that out again), or, with no such bucket, where its mix has several domains and each alone is off
+at its bucket (a step that drafts for several domains pays for several drafts); from there it is an ordinary off
+key: its probes' samples switch it on only at ``min_speedup * (1 + hysteresis)``, ``gate_switch_after`` times in a
+row (a first verdict at ``min_speedup`` let four noisy probes of a losing mix switch it on: support-free at batch 8
+then ran whole batches at 0.69x). At an off key no row drafts, except a probe after :func:`probe_interval` steps
+(``gate_probe_interval`` times the bucket, at most 8): two drafting steps, the first to let the drafts catch up on
+the plain steps' tokens (not paired), the second measured against its plain neighbours. The catch-up is a draft
+forward over every token the rows took meanwhile (at batch 8 about a plain step), so each probe that leaves the key
+off doubles the interval to the next, up to :data:`MAX_BACKOFF` doublings (at batch 1, 16 steps then 32 then 64:
+probes every 16 steps cost a lone general request about 6%). A whole batch's switch (its speedups, or a factor that
+brings an on key below ``min_speedup`` where its cycles alone are above) starts at :data:`MAX_BACKOFF` doublings (a
+whole batch is stronger evidence than a cycle), and so does a key that starts off (a probe drafts for every row,
+every draft of its mix, and catches up rows that never drafted over their whole context); any other switch resets
+the interval.
 
 The step model (:func:`.step_model.plan_step`) predicts; this gate measures.
 """
@@ -228,13 +228,14 @@ class StepGate:
 
     def factor(self, key: GateKey) -> float:
         """What ``key``'s cycles are read times: the median of its last whole batches' factors; with none,
-        that of its bucket's other mixes (the tail is the batch's, whichever domains drafted); else 1."""
+        that of its bucket's other mixes (the tail is the batch's, whichever domains drafted); else 1. At
+        batch 1 there is no tail and each key's factor is its own requests' (another entry's says nothing)."""
         return self._factor(key[0], self._buckets.get(key))
 
     def _factor(self, bucket: int, at: _Bucket | None) -> float:
         if at is not None and at.factors:
             return median(at.factors)
-        pooled = [f for other in self._buckets.values() if other.bucket == bucket for f in other.factors]
+        pooled = [f for other in self._buckets.values() if other.bucket == bucket > 1 for f in other.factors]
         return median(pooled) if pooled else 1.0
 
     def record_call(self, bucket: int, seconds: float, draft_seconds: float, drafted: int) -> None:

@@ -304,6 +304,23 @@ def test_a_mix_with_no_whole_batch_of_its_own_borrows_its_buckets_factor():
     assert g.factor(mixed) == 1.0
 
 
+def test_at_batch_1_a_key_borrows_no_factor():
+    """A one-row step has no tail, and each of its keys is another entry's requests: a lookup whose long
+    matches read 2.8x by its cycles and 1.3x whole has a factor of 0.46 that says nothing of a general
+    lookup's (a compiled demo: `default/lookup` read 1.22x by its cycles, 0.7x borrowed, off; n-gram 1.12x)."""
+    g = gate()
+    repeat, general = (1, frozenset({"repeat/lookup"})), (1, frozenset({"default/lookup"}))
+    on_at(g, repeat, 2.8)
+    for _ in range(3):
+        g.record_episode(repeat, 1.0, 1.3)
+    assert g.factor(repeat) == pytest.approx(1.3 / 2.8)
+    assert g.factor(general) == 1.0
+    on_at(g, general, 1.22)
+    assert g.state(*general) == "on"
+    g.record_episode(general, 1.0, 1.1)  # its own requests: its own factor
+    assert g.factor(general) == pytest.approx(1.1 / 1.22, rel=0.02) and g.state(*general) == "on"
+
+
 def test_a_factor_arriving_in_the_bucket_switches_the_borrowing_mixes_off_at_once():
     g = gate()
     code, support = (8, frozenset({"code"})), (8, frozenset({"support"}))
