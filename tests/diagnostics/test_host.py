@@ -32,4 +32,4 @@ def test_cpu_line_names_the_machine():
     assert line == "AMD EPYC 7B13, 2 CPUs, x86_64 with AVX2"
     assert cpu_line({"model": None, "arch": "aarch64", "cpus": None, "isa": []}) == \
         "unknown CPU, ? CPUs, aarch64 with no AVX2"
-    assert cpu_line().endswith(tuple(("AVX2", "AVX-512", "AMX", "no AVX2")))  # this machine's
+    assert cpu_line().endswith(("AVX2", "AVX-512", "AMX", "no AVX2"))  # this machine's
