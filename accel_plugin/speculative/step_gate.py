@@ -235,7 +235,7 @@ class StepGate:
     def _factor(self, bucket: int, at: _Bucket | None) -> float:
         if at is not None and at.factors:
             return median(at.factors)
-        pooled = [f for other in self._buckets.values() if other.bucket == bucket > 1 for f in other.factors]
+        pooled = [f for other in self._buckets.values() if bucket > 1 and other.bucket == bucket for f in other.factors]
         return median(pooled) if pooled else 1.0
 
     def record_call(self, bucket: int, seconds: float, draft_seconds: float, drafted: int) -> None:
