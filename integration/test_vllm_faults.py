@@ -18,18 +18,21 @@ speculation); the raising and NaN domains must end ``failed`` with the error in 
 log, in the proposer's counters and in ``accel_spec_state`` on ``/metrics``; the
 slow one must end off (its measured cost ratio makes speculation a loss); the
 deleted one keeps drafting (drafts load at start-up). Finally the worker process
-(where the proposer runs) is killed with requests in flight: they must fail and the
+(where the proposer runs) is killed with requests in flight, once a streamed request
+started after them has its first token (a CI run that killed it once the metrics
+gauge read them running saw two of them complete first): they must fail and the
 server must go down within bounds rather than hang. vLLM's own behaviour, the same
 with or without accel: its worker monitor notices the death, the engine core shuts
-down, in-flight requests get HTTP 500 (``EngineDeadError``) and the API server
-exits (seen: within 2 s of a SIGKILL of the worker or of the engine core).
+down, in-flight requests get HTTP 500 (``EngineDeadError``; the streamed one an error
+event or a broken stream) and the API server exits (seen: within 2 s of a SIGKILL of
+the worker or of the engine core).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -38,6 +41,7 @@ import textwrap
 import threading
 import time
 import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -166,32 +170,58 @@ def test_faulty_drafts_are_switched_off_and_outputs_stay_exact(fault_setup, vllm
     pids = vllm_processes(server.proc.pid, "Worker")
     assert len(pids) == 1, pids
     outcomes: list[str] = []
+    decoding = threading.Event()
+    # a failed domain: one token per step, so 480 tokens take 480 steps
+    body = {"model": str(target), "max_tokens": 480, "temperature": 0.0, "ignore_eos": True}
 
     def long_request(prompt):
-        # a failed domain: one token per step, so 480 tokens outlast the kill by far
-        body = {"model": str(target), "prompt": prompt, "max_tokens": 480, "temperature": 0.0, "ignore_eos": True}
         try:
-            server.post("/v1/completions", body, timeout=DEAD_ENGINE_BOUND_S)
+            server.post("/v1/completions", {**body, "prompt": prompt}, timeout=DEAD_ENGINE_BOUND_S)
             outcomes.append("completed")
         except urllib.error.HTTPError as exc:
             outcomes.append(f"HTTP {exc.code}")
         except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
             outcomes.append(type(exc).__name__)
 
+    def streamed_request(prompt):
+        """Started after the others: its first token says that they are decoding too (a few steps
+        ahead at most), so the kill comes hundreds of steps before any could complete."""
+        request = urllib.request.Request(server.base + "/v1/completions",
+                                         data=json.dumps({**body, "prompt": prompt, "stream": True}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        outcome = "stream ended without a finish"
+        try:
+            with urllib.request.urlopen(request, timeout=DEAD_ENGINE_BOUND_S) as response:
+                for line in response:
+                    if not line.startswith(b"data: {"):
+                        continue
+                    chunk = json.loads(line[len(b"data: "):])
+                    if "error" in chunk:
+                        outcome = "error event"
+                        break
+                    decoding.set()
+                    if chunk["choices"][0].get("finish_reason"):
+                        outcome = "completed"
+                        break
+        except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as exc:
+            outcome = type(exc).__name__
+        finally:
+            outcomes.append(outcome)
+            decoding.set()
+
     threads = [threading.Thread(target=long_request, args=(p,)) for p in PROMPTS[:4]]
+    threads.append(threading.Thread(target=streamed_request, args=(PROMPTS[0],)))
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 30
-    while not re.search(r"^vllm:num_requests_running\{[^}]*\} [1-9]", server.scrape().text, re.MULTILINE):
-        assert time.monotonic() < deadline, "the long requests never ran"
-        time.sleep(0.05)
+    assert decoding.wait(30), "the long requests never ran"
+    assert not outcomes, f"a request ended before the kill: {outcomes}"
     os.kill(pids[0], signal.SIGKILL)
     killed = time.monotonic()
     for thread in threads:
         thread.join(max(1.0, killed + DEAD_ENGINE_BOUND_S + 10 - time.monotonic()))
     assert not any(t.is_alive() for t in threads), "in-flight requests hang after the worker died"
     failed_after = time.monotonic() - killed
-    assert len(outcomes) == 4 and "completed" not in outcomes, outcomes
+    assert len(outcomes) == 5 and "completed" not in outcomes, outcomes
     try:
         server.proc.wait(timeout=DEAD_ENGINE_BOUND_S)
     except subprocess.TimeoutExpired:
