@@ -19,8 +19,9 @@ log, in the proposer's counters and in ``accel_spec_state`` on ``/metrics``; the
 slow one must end off (its measured cost ratio makes speculation a loss); the
 deleted one keeps drafting (drafts load at start-up). Finally the worker process
 (where the proposer runs) is killed with requests in flight, once a streamed request
-started after them has its first token (a CI run that killed it once the metrics
-gauge read them running saw two of them complete first): they must fail and the
+started after them has its first token, each asking for about 8000 tokens (a CI run
+that killed it once the metrics gauge read them running, with 480 tokens each, saw
+two of them complete first): they must fail and the
 server must go down within bounds rather than hang. vLLM's own behaviour, the same
 with or without accel: its worker monitor notices the death, the engine core shuts
 down, in-flight requests get HTTP 500 (``EngineDeadError``; the streamed one an error
@@ -70,6 +71,8 @@ PROMPTS = [
 ]
 #: how long a request may take to fail once the worker is dead, and the server to exit
 DEAD_ENGINE_BOUND_S = 60
+#: the server's context: the requests in flight at the kill ask for this many tokens less 32, one a step
+LONG_CONTEXT = 8192
 
 
 def install_fault_plugin(root: Path) -> str:
@@ -97,7 +100,7 @@ def vllm_processes(server_pid: int, title: str) -> list[int]:
 
 @pytest.fixture
 def fault_setup(tiny_model_dir, tmp_path, run_vllm):
-    target = tiny_model_dir("gqa-d64")
+    target = tiny_model_dir("gqa-d64", max_position_embeddings=LONG_CONTEXT)
     drafts = {name: shutil.copytree(target, tmp_path / f"draft-{name}") for name in DOMAINS}
     domains = "".join(
         f"  {name}:\n    draft: {drafts[name]}\n    match: {{keywords: [{keyword}]}}\n"
@@ -124,7 +127,7 @@ def test_faulty_drafts_are_switched_off_and_outputs_stay_exact(fault_setup, vllm
     spec = {"method": "custom_class", "model": "accel_plugin.adapters.vllm.DomainDraftProposer",
             "num_speculative_tokens": K}
     server = vllm_server(
-        target, "--max-num-seqs", "8", "--speculative-config", json.dumps(spec),
+        target, "--max-num-seqs", "8", "--max-model-len", str(LONG_CONTEXT), "--speculative-config", json.dumps(spec),
         "--worker-extension-cls", "accel_plugin.adapters.vllm.proposer.SpeculationStatsExtension", env=env,
     )
     assert "ACCEL_FAULTY_DRAFT" in server.log(), "the fault plugin's proposer did not load"
@@ -171,8 +174,9 @@ def test_faulty_drafts_are_switched_off_and_outputs_stay_exact(fault_setup, vllm
     assert len(pids) == 1, pids
     outcomes: list[str] = []
     decoding = threading.Event()
-    # a failed domain: one token per step, so 480 tokens take 480 steps
-    body = {"model": str(target), "max_tokens": 480, "temperature": 0.0, "ignore_eos": True}
+    # a failed domain: one token per step, so 8160 tokens take 8160 steps (once, with 480, every request had
+    # completed before the first streamed token reached the test: the engine outran what the API server sent)
+    body = {"model": str(target), "max_tokens": LONG_CONTEXT - 32, "temperature": 0.0, "ignore_eos": True}
 
     def long_request(prompt):
         try:
