@@ -55,8 +55,11 @@ class _Proposer:
     def __init__(self, controller):
         self.controller, self.num_steps, self.propose_seconds = controller, 0, 0.0
 
-    def stats(self):
-        return self.controller.stats()
+    def stats(self, *, by_bucket=True):
+        return self.controller.stats(by_bucket=by_bucket)
+
+    def counters(self):
+        return self.controller.counters()
 
 
 def bench_record(calls: int = 2000) -> list[dict]:

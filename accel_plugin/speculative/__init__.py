@@ -35,6 +35,7 @@ _LAZY = {
     "DomainRouter": "router",
     "DomainState": "domain_stats",
     "DomainStats": "domain_stats",
+    "DomainCounters": "domain_stats",
     "DraftTarget": "draft_config.target",
     "batch_bucket": "costs",
     "best_k": "speedup",

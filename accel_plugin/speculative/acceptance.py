@@ -33,6 +33,7 @@ class AcceptanceWindow:
         self.offered = [0] * k_max
         self.offer_tested = [[0] * k_max for _ in range(k_max)]
         self.offer_accepted = [[0] * k_max for _ in range(k_max)]
+        self._profile: tuple | None = None  #: (weight, profile) until the next add: read at every step
 
     def __len__(self) -> int:
         return len(self._obs)
@@ -63,6 +64,7 @@ class AcceptanceWindow:
         if offer is not None:
             offer = min(max(offer, k), len(self.offered))
         self._obs.append((k, n, offer))
+        self._profile = None
         self._apply(k, n, offer, +1)
         if len(self._obs) > self.size:
             self._apply(*self._obs.popleft(), -1)
@@ -94,7 +96,13 @@ class AcceptanceWindow:
         offers, an :class:`.OfferProfile`: for each position j, the share of rows offered j or more
         drafts and, among those rows only, each position's acceptance up to j shrunk as in
         :meth:`positions` (towards the position before it, the first towards those rows' mean), so
-        that the longer matches are read by their own acceptance, not the pool's."""
+        that the longer matches are read by their own acceptance, not the pool's. The same
+        (unchanged) object until the next :meth:`add`: callers read it, never change it."""
+        if self._profile is None or self._profile[0] != weight:
+            self._profile = weight, self._profile_now(weight)
+        return self._profile[1]
+
+    def _profile_now(self, weight: float) -> list[float] | OfferProfile | None:
         offered = sum(self.offered)
         if not offered:
             return self.positions(weight)

@@ -49,15 +49,14 @@ from dataclasses import dataclass
 
 from .acceptance import AcceptanceWindow
 from .costs import MIN_PAIRS, StepCosts, batch_bucket, nearest
-from .domain_stats import DomainState, DomainStats
+from .domain_stats import DomainCounters, DomainState, DomainStats
 from .draft_config.schema import ControllerConfig
 from .lookup import entry_domain
 from .speedup import best_k, expected_speedup, expected_tokens, speedup_curve
 from .step_gate import GateState, StepGate
 from .step_model import plan_step
 
-# batch_bucket re-exported from .costs, best_k from .speedup
-__all__ = ["DomainController", "batch_bucket", "best_k", "expected_speedup", "expected_tokens"]
+__all__ = ["DomainController", "batch_bucket", "best_k", "expected_speedup", "expected_tokens"]  # from .costs, .speedup
 
 #: a bucket with fewer than MIN_PAIRS samples of v calibrates every other step
 _EARLY_CALIBRATION = 2
@@ -89,9 +88,7 @@ class _Domain:
         self.name, self.draft, self.k_max = name, draft, k_max
         self.window = AcceptanceWindow(cfg.window, k_max)
         # a state that does not depend on measurements, or None (adaptive)
-        self.fixed: str | None = DomainState.NO_DRAFT if draft is None else (
-            None if cfg.adaptive else DomainState.FIXED
-        )
+        self.fixed: str | None = DomainState.NO_DRAFT if draft is None else None if cfg.adaptive else DomainState.FIXED
         self.warm = False  #: warm-up is over
         self.warmup_steps = 0
         self.choices: dict[int, _Choice] = {}  #: by batch bucket
@@ -141,15 +138,13 @@ class DomainController:
         self.costs.record_draft(draft, rows, seconds_per_forward)
 
     def record_step(self, seconds: float | None, rows: int, drafted_tokens: int) -> None:
-        """The target step since the last call decoded ``rows`` requests and verified
-        ``drafted_tokens`` drafts in all (0: plain) in ``seconds`` (``None``: not
-        comparable, e.g. it ran a prefill)."""
+        """The target step since the last call decoded ``rows`` requests and verified ``drafted_tokens``
+        drafts in all (0: plain) in ``seconds`` (``None``: not comparable, e.g. it ran a prefill)."""
         self.costs.record_step(seconds, rows, drafted_tokens)
 
     def record_cycle(self, seconds: float | None, rows: int, tokens: int, drafted: int) -> None:
-        """The cycle since the last call's start (its drafting, the target step, host work)
-        decoded ``rows`` requests into ``tokens`` tokens and verified ``drafted`` drafts
-        (``None`` seconds: not comparable)."""
+        """The cycle since the last call's start (its drafting, the target step, host work) decoded ``rows``
+        requests into ``tokens`` tokens and verified ``drafted`` drafts (``None`` seconds: not comparable)."""
         self.gate.record_cycle(seconds, rows, batch_bucket(rows), tokens, drafted)
 
     def record_call(self, rows: int, seconds: float, draft_seconds: float, drafted: int) -> None:
@@ -297,10 +292,12 @@ class DomainController:
         """(state, k) of ``d`` at ``bucket`` (undecided: the nearest decided bucket's, or warm-up)."""
         if d.fixed is not None:
             return d.fixed, d.k_max if d.fixed == DomainState.FIXED else 0
-        near = nearest((b for b, ch in d.choices.items() if ch.state != DomainState.WARMUP), bucket)
-        if near is None:  # warm-up: a few drafts, enough to measure, cheap if the draft is poor
-            return DomainState.WARMUP, min(self.cfg.warmup_k, d.k_max)
-        choice = d.choices[near]
+        choice = d.choices.get(bucket)  # decided here: the usual case, read several times a step
+        if choice is None or choice.state == DomainState.WARMUP:
+            near = nearest((b for b, ch in d.choices.items() if ch.state != DomainState.WARMUP), bucket)
+            if near is None:  # warm-up: a few drafts, enough to measure, cheap if the draft is poor
+                return DomainState.WARMUP, min(self.cfg.warmup_k, d.k_max)
+            choice = d.choices[near]
         return choice.state, choice.k
 
     def state(self, domain: str, rows: int | None = None) -> tuple[str, int]:
@@ -308,13 +305,10 @@ class DomainController:
         return self._state(self._domains[domain], self._bucket_of(rows))
 
     def k_for(self, domain: str) -> int:
-        """Tokens to draft this step for a request of ``domain`` (probes included; 0 in a
-        calibration step or when the step gate is off; the step model's k if it planned).
-
-        An off domain's probe goes to the first of its requests asked for in a step;
-        the others draft nothing. Call :meth:`end_step` once per framework step after
-        the last ``k_for``.
-        """
+        """Tokens to draft this step for a request of ``domain`` (probes included; 0 in a calibration step
+        or when the step gate is off; the step model's k if it planned). An off domain's probe goes to the
+        first of its requests asked for in a step; the others draft nothing. Call :meth:`end_step` once
+        per framework step after the last ``k_for``."""
         if self.calibrating or self.gated:
             return 0
         d = self._domains[domain]
@@ -370,6 +364,11 @@ class DomainController:
                 costs_by_bucket={bk: self._costs_at(d, rates, bk) for bk in sorted(d.choices)} if by_bucket else {},
             )
         return out
+
+    def counters(self) -> dict[str, DomainCounters]:
+        """Per domain: counters, state and k at the last step's bucket (a cheap per-step read)."""
+        return {d.name: DomainCounters(d.drafted, d.accepted, d.steps, *self._state(d, self._bucket))
+                for d in self._domains.values()}
 
     def _costs_at(self, d: _Domain, rates: list[float] | None, bucket: int) -> dict:
         state, k = self._state(d, bucket)

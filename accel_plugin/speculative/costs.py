@@ -32,8 +32,10 @@ one before, so nothing here compares times taken at different moments.
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from .draft_config.schema import ControllerConfig
 
@@ -121,7 +123,9 @@ class StepCosts:
         # draft -> bucket -> (r, drafts per row, index of the timed step)
         self._pairs: dict[str, dict[int, deque[tuple[float, float, int]]]] = {}
         self._overheads: dict[int, deque[tuple[float, float]]] = {}  # bucket -> (u, drafts per row)
-        self._memo: dict[tuple, float | None] = {}  # medians, until the next measurement
+        # medians, until a measurement they read arrives (a c also until its oldest sample ages out):
+        # ("plain"|"verify", bucket), ("forward", draft), ("u", bucket), ("c", draft, bucket) -> (c, expiry)
+        self._memo: dict[tuple, Any] = {}
         self._draft_times: dict[str, deque[float]] = {}
         self._plain_times: dict[int, deque[float]] = {}
         self._verify_times: dict[int, deque[float]] = {}
@@ -143,7 +147,6 @@ class StepCosts:
         it ran but its time is not comparable (it prefilled a prompt, or the engine
         was idle), which breaks the pairing with its neighbours."""
         pending, self._pending = self._pending, {}
-        self._memo.clear()
         if seconds is None or seconds <= 0 or rows <= 0:
             self._prev = None
             return
@@ -154,11 +157,13 @@ class StepCosts:
         prev, self._prev = self._prev, this
         times = self._verify_times if drafted_tokens else self._plain_times
         times.setdefault(b, deque(maxlen=_TIMES_KEPT)).append(seconds)
+        self._memo.pop(("verify" if drafted_tokens else "plain", b), None)
         if drafted_tokens:
             self._since_plain[b] = self._since_plain.get(b, 0) + 1
             for draft, draft_seconds in pending.items():
                 window = self._pairs.setdefault(draft, {}).setdefault(b, deque(maxlen=_PAIR_WINDOW))
                 window.append((draft_seconds / seconds, per_row, self._timed))
+                self._forget(lambda key, draft=draft: key[0] == "c" and key[1] == draft)
         else:
             self._since_plain[b] = 0
         # a plain and a verifying step in a row, same bucket: one sample of u
@@ -166,6 +171,11 @@ class StepCosts:
             (t_verify, _, verify_per_row), (t_plain, _, _) = (this, prev) if per_row else (prev, this)
             window = self._overheads.setdefault(b, deque(maxlen=_PAIR_WINDOW))
             window.append(((t_verify / t_plain - 1.0) / verify_per_row, verify_per_row))
+            self._forget(lambda key: key[0] in ("u", "c"))  # every c reads u
+
+    def _forget(self, which: Callable[[tuple], bool]) -> None:
+        for key in [key for key in self._memo if which(key)]:
+            del self._memo[key]
 
     def steps_since_plain(self, bucket: int) -> int:
         """Verifying steps timed at ``bucket`` since its last plain one."""
@@ -198,17 +208,21 @@ class StepCosts:
     def measured_cost_ratio(self, draft: str, bucket: int) -> float | None:
         """The paired c of ``draft`` at ``bucket``, before the size band; ``None`` until measured."""
         key = ("c", draft, bucket)
-        if key not in self._memo:
+        found = self._memo.get(key)
+        if found is None or self._timed >= found[1]:
             near = _nearest_window(self._pairs.get(draft, {}), bucket)
             if near is None:
-                self._memo[key] = None
+                found = None, math.inf
             else:  # each sample in plain steps, with the v of the step it was paired with
                 b, window = near
                 fresh = [sample for sample in window if self._timed - sample[2] < _MAX_AGE]
+                # valid until the oldest fresh sample ages out (the last MIN_PAIRS: until the next pair)
+                expiry = fresh[0][2] + _MAX_AGE if len(fresh) >= MIN_PAIRS else math.inf
                 fresh = fresh if len(fresh) >= MIN_PAIRS else list(window)[-MIN_PAIRS:]
                 fixed, u = self.cfg.verify_overhead, self._per_token_overhead(b)
-                self._memo[key] = median(r * (1.0 + (u * per_row if fixed is None else fixed)) for r, per_row, _ in fresh)
-        return self._memo[key]
+                found = median(r * (1.0 + (u * per_row if fixed is None else fixed)) for r, per_row, _ in fresh), expiry
+            self._memo[key] = found
+        return found[0]
 
     def size_cost_ratio(self, draft: str) -> float | None:
         """``draft_bytes / target_bytes``: the c the model sizes suggest (``None``: unknown)."""

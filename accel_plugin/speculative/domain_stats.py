@@ -1,12 +1,22 @@
 """What the controller reports of a domain: its state (:class:`DomainState`) and its
 counters (:class:`DomainStats`, as :meth:`.controller.DomainController.stats` returns
-them and the adapters report them)."""
+them and the adapters report them; :class:`DomainCounters`, the part that changes every
+step, as :meth:`.controller.DomainController.counters` returns it)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-__all__ = ["DomainState", "DomainStats"]
+__all__ = ["DomainCounters", "DomainState", "DomainStats"]
+
+
+def _acceptance_rate(accepted: int, drafted: int) -> float:
+    return accepted / drafted if drafted else 0.0
+
+
+def _mean_acceptance_length(accepted: int, steps: int) -> float:
+    return 1.0 + accepted / steps if steps else 1.0
 
 
 class DomainState:
@@ -59,9 +69,27 @@ class DomainStats:
     @property
     def acceptance_rate(self) -> float:
         """accepted / drafted over the whole run (vLLM's definition)."""
-        return self.accepted / self.drafted if self.drafted else 0.0
+        return _acceptance_rate(self.accepted, self.drafted)
 
     @property
     def mean_acceptance_length(self) -> float:
         """1 + accepted / drafting steps (vLLM's "mean acceptance length")."""
-        return 1.0 + self.accepted / self.steps if self.steps else 1.0
+        return _mean_acceptance_length(self.accepted, self.steps)
+
+
+class DomainCounters(NamedTuple):
+    """The part of a domain's :class:`DomainStats` that changes every step (cheap to read)."""
+
+    drafted: int
+    accepted: int
+    steps: int
+    state: str
+    k: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        return _acceptance_rate(self.accepted, self.drafted)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return _mean_acceptance_length(self.accepted, self.steps)

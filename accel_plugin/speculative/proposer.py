@@ -34,10 +34,9 @@ error and its rows get no drafts: decoding goes on without speculation for them,
 and nothing else changes.
 
 Thread safety: :meth:`DomainProposer.propose`, the readers (:meth:`~DomainProposer.stats`,
-:meth:`~DomainProposer.stats_dict`, :attr:`~DomainProposer.num_states`,
-:attr:`~DomainProposer.draft_kv_bytes`) and :meth:`~DomainProposer.close` hold one
-lock, so a reader in another thread (a metrics endpoint, vLLM's worker extension)
-never sees a step half done.
+:meth:`~DomainProposer.stats_dict`, :meth:`~DomainProposer.counters`, :attr:`~DomainProposer.num_states`,
+:attr:`~DomainProposer.draft_kv_bytes`) and :meth:`~DomainProposer.close` hold one lock, so a reader in
+another thread (a metrics endpoint, vLLM's worker extension) never sees a step half done.
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ from .draft_config.loading import load_draft_config
 from .draft_config.schema import DraftConfig
 from .draft_config.target import DraftTarget
 from .controller import DomainController
-from .domain_stats import DomainState, DomainStats
+from .domain_stats import DomainCounters, DomainState, DomainStats
 from .draft_engine import DraftEngine, DraftJob
 from .lookup import LOOKUP_DRAFT, PromptLookup, lookup_entry
 from .request_states import RequestState, StateIndex, row_keys
@@ -152,11 +151,7 @@ class DomainProposer:
     # ------------------------------------------------------------------ states
 
     def _match(self, row: int, key, token_ids, claimed: set[RequestState]) -> RequestState | None:
-        # The key holds the row's known length: a request's row grows by exactly the
-        # tokens sampled for it since the last step. That keeps a new request whose
-        # prompt extends a finished one's tokens (the next turn of a chat) from
-        # inheriting its state and domain.
-        return self._states.find(row, key, token_ids, claimed)
+        return self._states.find(row, key, token_ids, claimed)  # (why the key holds the length: StateIndex.find)
 
     def _new_state(self, row: int, token_ids, num_tokens: int, num_sampled: int,
                    request_id: Hashable | None) -> RequestState:
@@ -351,9 +346,14 @@ class DomainProposer:
     # ------------------------------------------------------------------ reading
 
     def stats(self, *, by_bucket: bool = True) -> dict[str, DomainStats]:
-        """Per-domain counters; ``by_bucket=False``: without the per-bucket costs (a per-step read)."""
+        """Per-domain counters; ``by_bucket=False``: without the per-bucket costs (the live metrics' periodic read)."""
         with self._lock:
             return self.controller.stats(by_bucket=by_bucket)
+
+    def counters(self) -> dict[str, DomainCounters]:
+        """:meth:`.DomainController.counters`: the cheap per-step read of the live metrics."""
+        with self._lock:
+            return self.controller.counters()
 
     def stats_dict(self) -> dict[str, dict]:
         """:meth:`stats` as plain dicts (JSON-able), with the derived rates and the

@@ -138,7 +138,12 @@ class StateIndex:
     def find(self, row: int, key: Key, tokens, claimed: set[RequestState]) -> RequestState | None:
         """The unclaimed state whose context is the first ``key[0]`` tokens of row
         ``row`` (read from ``tokens``, the 2-D token array, only to tell apart states
-        with equal keys), or ``None``."""
+        with equal keys), or ``None``.
+
+        The key holds the row's known length: a request's row grows by exactly the
+        tokens sampled for it since the last step. That keeps a new request whose
+        prompt extends a finished one's tokens (the next turn of a chat) from
+        inheriting its state and domain."""
         state = self.by_row.get(row)
         if state is not None and state not in claimed and state.key == key:
             return state

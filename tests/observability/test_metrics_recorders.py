@@ -14,8 +14,8 @@ from accel_plugin.observability.kv_simulator import PagedAllocator, simulate
 from accel_plugin.observability.kv_trace import Request
 from accel_plugin.observability.metrics_catalogue import SPEC_STATES
 from accel_plugin.observability.metrics_files import MetricsSink, read_metrics
-from accel_plugin.observability.metrics_recorders import LiveMetrics
-from accel_plugin.speculative.domain_stats import DomainStats
+from accel_plugin.observability.metrics_recorders import MODEL_REFRESH_S, LiveMetrics
+from accel_plugin.speculative.domain_stats import DomainCounters, DomainStats
 
 BASE = ("tiny", "0")
 
@@ -111,6 +111,9 @@ class FakeProposer:
         self.by_bucket.append(by_bucket)
         return self.domains
 
+    def counters(self):
+        return {name: DomainCounters(s.drafted, s.accepted, s.steps, s.state, s.k) for name, s in self.domains.items()}
+
 
 def domain_stats(domain, state="on", k=3, steps=10, drafted=30, accepted=21, alpha=0.75, c=0.1, speedup=1.8):
     return DomainStats(domain=domain, draft="d", state=state, k=k, k_max=4, steps=steps, drafted=drafted,
@@ -163,6 +166,40 @@ def test_proposer_last_call_time_and_off_state(live):
     assert v[("accel_spec_k", spec_labels("code"))] == 0
     assert v[("accel_spec_state", spec_labels("code", state="off"))] == 1
     assert v[("accel_spec_state", spec_labels("code", state="on"))] == 0
+
+
+def test_counters_every_call_model_values_at_most_every_refresh_interval(tmp_path):
+    now = [100.0]
+    live = LiveMetrics(BASE, MetricsSink(str(tmp_path)), clock=lambda: now[0])
+    recorder, s = live.proposer(), spec_labels("support")
+    proposer = FakeProposer({"support": domain_stats("support", alpha=0.5, c=0.1, speedup=1.2)}, num_steps=1)
+    recorder.record(proposer)
+    assert len(proposer.by_bucket) == 1  # the first call reads everything
+    now[0] += MODEL_REFRESH_S / 2
+    proposer.domains = {"support": domain_stats("support", state="off", k=0, steps=11, drafted=33, accepted=22,
+                                                alpha=0.6, c=0.2, speedup=0.9)}
+    recorder.record(proposer)
+    v = values(live)
+    assert len(proposer.by_bucket) == 1  # within the interval: counters, k and state only
+    assert (v[("accel_spec_drafted_tokens_total", s)], v[("accel_spec_accepted_tokens_total", s)],
+            v[("accel_spec_draft_steps_total", s)], v[("accel_spec_k", s)]) == (33, 22, 11, 0)
+    assert v[("accel_spec_acceptance_rate", s)] == pytest.approx(22 / 33)
+    assert v[("accel_spec_mean_acceptance_length", s)] == pytest.approx(3.0)
+    assert v[("accel_spec_state", spec_labels("support", state="off"))] == 1
+    assert v[("accel_spec_on", s)] == 0
+    assert (v[("accel_spec_alpha", s)], v[("accel_spec_cost_ratio", s)]) == (0.5, pytest.approx(0.1))
+    assert recorder.summary().startswith("support a=0.50 k=0 off")  # k and state are this call's
+    now[0] += MODEL_REFRESH_S / 2
+    recorder.record(proposer)
+    v = values(live)
+    assert len(proposer.by_bucket) == 2  # the interval has passed
+    assert v[("accel_spec_alpha", s)] == 0.6
+    assert v[("accel_spec_cost_ratio", s)] == pytest.approx(0.2)
+    assert v[("accel_spec_expected_speedup", s)] == pytest.approx(0.9)
+    proposer.domains = {**proposer.domains, "code": domain_stats("code", alpha=0.7)}
+    recorder.record(proposer)  # a domain appears: read at once, whatever the interval
+    assert len(proposer.by_bucket) == 3
+    assert values(live)[("accel_spec_alpha", spec_labels("code"))] == 0.7
 
 
 # --- the log line ---------------------------------------------------------------------------------

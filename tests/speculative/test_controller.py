@@ -535,3 +535,36 @@ def test_step_times_are_read_at_the_current_bucket():
     assert ctl.stats()["a"].target_step_ms == pytest.approx(30.0)
     ctl.step(1)
     assert ctl.stats()["a"].target_step_ms == pytest.approx(12.0)  # the median (upper middle)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1, 2, 5, 8, 40]), st.integers(0, 4), st.integers(0, 4),
+                          st.floats(0.001, 0.02)), min_size=1, max_size=60))
+def test_counters_are_what_stats_holds_that_changes_every_step(steps):
+    """The live metrics' per-step read (``counters``) agrees with the full read at every step."""
+    ctl = controller(switch_after=2)
+    for rows, k, accepted, seconds in steps:
+        ctl.record_step(seconds, rows, k * rows)
+        ctl.observe("a", k, accepted)
+        ctl.step(rows)
+        ctl.record_draft("/draft", rows, seconds / 10)
+        ctl.end_step({"a", "none"})
+        full = {name: (s.drafted, s.accepted, s.steps, s.state, s.k) for name, s in ctl.stats(by_bucket=False).items()}
+        counters = ctl.counters()
+        assert {name: tuple(c) for name, c in counters.items()} == full
+        assert all(c.acceptance_rate == ctl.stats()[n].acceptance_rate
+                   and c.mean_acceptance_length == ctl.stats()[n].mean_acceptance_length for n, c in counters.items())
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(0, 4), st.none() | st.integers(1, 4)), max_size=40),
+       st.integers(1, 10))
+def test_window_profile_kept_until_the_next_observation(observations, size):
+    """The profile read at every step is kept between observations, and is always the one computed afresh."""
+    window = AcceptanceWindow(size, 4)
+    for k, n, offer in observations:
+        window.add(k, min(n, k), offer)
+        first = window.profile()
+        assert window.profile() is first  # kept ...
+        assert first == window._profile_now(16.0) and window.profile(8.0) == window._profile_now(8.0)  # ... and right
+        assert window.profile() == first

@@ -3,10 +3,15 @@ plain and verifying steps, per batch bucket, within the weight-size band."""
 
 from __future__ import annotations
 
+import copy
 import logging
+import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from accel_plugin.speculative import costs as costs_module
 from accel_plugin.speculative.draft_config.schema import ControllerConfig
 from accel_plugin.speculative.costs import StepCosts, batch_bucket, lower_quartile
 
@@ -160,3 +165,35 @@ def test_lower_quartile_is_the_smallest_of_few_values_and_the_quarter_mark_of_ma
     assert lower_quartile([0.3, 0.1, 0.2, 0.4]) == 0.1
     assert lower_quartile([5, 1, 4, 2, 3]) == 2
     assert lower_quartile(range(100, 0, -1)) == 25
+
+
+@pytest.fixture(scope="module")
+def short_max_age():
+    """Samples of c age out within a short run."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(costs_module, "_MAX_AGE", 16)
+        yield
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_kept_medians_equal_medians_read_afresh(short_max_age, seed):
+    """Every value read from the kept medians is what a read with nothing kept gives, whatever
+    arrives in between: plain steps, drafts, untimed steps, samples that age out. (Random runs of
+    150 steps with distinct times: hypothesis's own floats repeat, and equal samples hide a stale median.)"""
+    m, rng = costs(), random.Random(seed)
+    for _ in range(150):
+        draft, rows = rng.choice(["/a", "/b", None]), rng.choice([1, 2, 3, 8, 9])
+        seconds = rng.uniform(0.01, 0.05)
+        if draft is not None:
+            m.record_draft(draft, rows, seconds * rng.uniform(0.05, 0.2))
+        m.record_step(seconds if rng.random() < 0.8 else None, rows, rng.randint(0, 3) * rows)
+        afresh = copy.copy(m)  # the same samples, nothing kept
+        afresh._memo = {}
+        for bucket in (1, 2, 4, 8, 16):
+            assert read(m, bucket) == read(afresh, bucket)
+
+
+def read(m, bucket):
+    return ([(m.measured_cost_ratio(d, bucket), m.cost_ratio(d, bucket)) for d in ("/a", "/b")]
+            + [m.verify_overhead(2, bucket), m.target_step_s(bucket), m.verify_step_s(bucket), m.draft_forward_s("/a")])
