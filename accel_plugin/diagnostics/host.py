@@ -16,8 +16,9 @@ from pathlib import Path
 
 __all__ = ["ISA_LEVELS", "cpu_info", "cpu_line"]
 
-#: (name printed, the ``/proc/cpuinfo`` flag that shows it), widest last
-ISA_LEVELS = (("AVX2", "avx2"), ("AVX-512", "avx512f"), ("AMX", "amx_tile"))
+#: (name printed, the ``/proc/cpuinfo`` flag that shows it), widest last; AVX512-BF16 (or AMX)
+#: is what the drafts' native bfloat16 product needs (:func:`.speculative.llama.native_bf16`)
+ISA_LEVELS = (("AVX2", "avx2"), ("AVX-512", "avx512f"), ("AVX512-BF16", "avx512_bf16"), ("AMX", "amx_tile"))
 
 
 def _usable_cpus() -> int | None:
