@@ -189,7 +189,7 @@ def test_faulty_drafts_are_switched_off_and_outputs_stay_exact(fault_setup, vllm
 
     def streamed_request(prompt):
         """Started after the others: its first token says that they are decoding too (a few steps
-        ahead at most), so the kill comes hundreds of steps before any could complete."""
+        ahead at most), so the kill comes thousands of steps before any could complete."""
         request = urllib.request.Request(server.base + "/v1/completions",
                                          data=json.dumps({**body, "prompt": prompt, "stream": True}).encode(),
                                          headers={"Content-Type": "application/json"})
