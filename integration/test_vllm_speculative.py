@@ -197,11 +197,17 @@ def test_routing_reaches_different_drafts(runs, models):
     assert stats["code"]["draft"] == str(models["partly_good"])
     assert stats["support"]["drafted"] > 0 and stats["code"]["drafted"] > 0
     # the identical draft is accepted (almost) always, the perturbed one often, not always; the
-    # identical draft stays on unless it costs about a target step (c >= 0.8: with every draft
-    # accepted, k drafts pay only while k c + v < k; the target's native copies make it that fast)
+    # identical draft stays on unless its measured costs say it does not pay: with every draft
+    # accepted, k drafts give k + 1 tokens for 1 + k (c + u) of a step (u: v per draft token), and an
+    # off domain comes back on at min_speedup (1.0) x (1 + hysteresis 0.05). It is as large as the
+    # target, so c reads 0.5-0.8 here (the target's native copies make the target that fast) and u
+    # about 0.2: S about 1.04-1.4, on or off by what the run measured
     support = {k: stats["support"].get(k) for k in ("alpha", "state", "k", "cost_ratio", "verify_overhead")}
     assert stats["support"]["alpha"] > 0.95, support
-    assert stats["support"]["state"] in ("on", "warmup") or stats["support"]["cost_ratio"] >= 0.8, support
+    if stats["support"]["state"] not in ("on", "warmup"):
+        c, u = stats["support"]["cost_ratio"], stats["support"]["verify_overhead"]  # v at k = 1 while off
+        best = max((k + 1) / (1 + k * (c + u)) for k in range(1, K + 1))
+        assert best < 1.05 * 1.05, support  # below the threshold to come back on (5% for costs measured since)
     assert 0.2 < stats["code"]["alpha"] < 0.95
     assert "accel-plugin domain proposer" in log
 
