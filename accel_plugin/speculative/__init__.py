@@ -6,6 +6,8 @@
 - :mod:`.costs`: paired timings of draft and target steps: the cost ratio and the
   verify overhead per batch size, on a machine whose speed varies;
 - :mod:`.acceptance`: a domain's window of acceptance observations;
+- :mod:`.lookup`: prompt lookup (n-gram drafts from a request's own context);
+- :mod:`.entries`: what the controller keeps per entry (windows, decisions per batch size);
 - :mod:`.domain_stats`: a domain's state and counters, as reported;
 - :mod:`.controller`: k per domain and batch size from the speedup model,
   switching domains off and on (with hysteresis), calibration steps, probing;

@@ -28,6 +28,9 @@ Per domain and bucket the controller decides on or off and k:
   that plain step's time against its verifying neighbours gives ``v``. Probes due
   then wait for the next step. (With every domain of a batch off, plain steps
   happen by themselves.)
+- **Lookup caps.** A prompt lookup with a ``spec_factor`` cap is measured both ways (:mod:`.entries`);
+  per bucket it drafts capped or the whole continuation, whichever predicts the higher best ``S``; where
+  the step gate goes off there, the cap comes back for good first.
 - **Probing.** An off domain drafts ``probe_k`` tokens for one of its requests
   once every ``probe_interval`` of its steps. A domain whose draft model failed
   is off for good (state ``failed``).
@@ -42,15 +45,13 @@ bucket has ``gate_min_samples`` samples, every 8th until ``gate_window`` (unless
 from __future__ import annotations
 
 import logging
-import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
-from .acceptance import AcceptanceWindow
 from .costs import MIN_PAIRS, StepCosts, batch_bucket, nearest
 from .domain_stats import DomainCounters, DomainState, DomainStats
 from .draft_config.schema import ControllerConfig
+from .entries import Choice, Entry, lift_cap, take_back_caps
 from .lookup import entry_domain
 from .speedup import best_k, expected_speedup, expected_tokens, speedup_curve
 from .step_gate import GateState, StepGate
@@ -74,30 +75,6 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
 
 
-@dataclass
-class _Choice:
-    """A domain's decision at one batch bucket."""
-
-    state: str  #: ON, OFF, or WARMUP (not decided yet)
-    k: int
-    pending: int = 0  #: consecutive decisions that asked for the other state
-
-
-class _Domain:
-    def __init__(self, name: str, draft: str | None, k_max: int, cfg: ControllerConfig):
-        self.name, self.draft, self.k_max = name, draft, k_max
-        self.window = AcceptanceWindow(cfg.window, k_max)
-        # a state that does not depend on measurements, or None (adaptive)
-        self.fixed: str | None = DomainState.NO_DRAFT if draft is None else None if cfg.adaptive else DomainState.FIXED
-        self.warm = False  #: warm-up is over
-        self.warmup_steps = 0
-        self.choices: dict[int, _Choice] = {}  #: by batch bucket
-        self.steps = self.drafted = self.accepted = self.switches = 0
-        self.idle_steps = 0  #: steps spent off since the last probe
-        self.probed = False  #: a request of this domain probes in the current step
-        self.error: str | None = None
-
-
 class DomainController:
     """Chooses k per domain and batch bucket from acceptance and paired costs.
 
@@ -110,10 +87,11 @@ class DomainController:
     """
 
     def __init__(self, cfg: ControllerConfig, drafts: dict[str, str | None], k_max: dict[str, int], *,
-                 target_bytes: int | None = None, logger: logging.Logger | None = None):
+                 target_bytes: int | None = None, logger: logging.Logger | None = None, capped: Iterable[str] = ()):
         self.cfg = cfg
         self.costs = StepCosts(cfg, target_bytes=target_bytes, logger=logger)
-        self._domains = {name: _Domain(name, draft, k_max[name], cfg) for name, draft in drafts.items()}
+        capped = set(capped)  # the lookup entries with a spec_factor cap
+        self._domains = {name: Entry(name, draft, k_max[name], cfg, name in capped) for name, draft in drafts.items()}
         self._bucket = 1  #: bucket of the current step
         self.calibrating = False  #: the current step drafts nothing, to time a plain step
         self.gate = StepGate(cfg)
@@ -187,8 +165,26 @@ class DomainController:
         if k <= 0:
             return
         accepted = max(0, min(accepted, k))
-        d.window.add(k, accepted, offer)
+        if d.free is None:  # a measured cap's windows learn from observe_lookup
+            d.window.add(k, accepted, offer)
         d.steps, d.drafted, d.accepted = d.steps + 1, d.drafted + k, d.accepted + accepted
+
+    def observe_lookup(self, entry: str, avail: int, accepted: int, cap: int) -> None:
+        """A capped lookup's draft followed to its end (:class:`.lookup.Shadow`): the target produced the first
+        ``accepted`` of the ``avail`` tokens after its match. Both windows learn it (``cap``: what the cap drafts)."""
+        d = self._domains[entry]
+        if d.free is None or avail <= 0:
+            return
+        avail = min(avail, d.k_max)
+        capped = min(cap, avail)
+        d.window.add(capped, min(accepted, capped), capped)
+        d.free.add(avail, min(accepted, avail), avail)
+
+    def capped(self, entry: str) -> bool:
+        """Whether ``entry``'s lookup keeps its ``spec_factor`` cap at the current bucket (False where the
+        controller lifted it: the whole continuation measured the higher best ``S`` there)."""
+        d = self._domains[entry]
+        return d.window_of(self._choice(d, self._bucket)) is d.window
 
     def step(self, rows: int = 1, domains: Iterable[str] | None = None,
              row_domains: Sequence[str] | None = None) -> None:
@@ -209,6 +205,8 @@ class DomainController:
         self._mix = mix = frozenset(n if b == 1 else entry_domain(n) for n in names
                                     if self._domains[n].fixed not in DomainState.NEVER_DRAFTS)
         verdict = self.gate.begin(b, mix) if self._gating else GateState.WARMUP
+        if verdict == GateState.OFF and take_back_caps(self._domains[n].choices.get(b) for n in names):
+            verdict = self.gate.restart(b, mix)  # measured again, capped
         if verdict == GateState.OFF:
             self.gated = True
             return
@@ -226,7 +224,7 @@ class DomainController:
             state, k = self._state(d, bucket)
             if not k or d.fixed is not None:
                 continue
-            rates, c = d.window.profile(), self.cost_ratio(name)  # acceptance per draft position
+            rates, c = d.window_of(self._choice(d, bucket)).profile(), self.cost_ratio(name)  # per draft position
             if state == DomainState.WARMUP or rates is None or c is None:
                 return
             ks[name], alphas[name], costs[name] = k, rates, c
@@ -256,12 +254,12 @@ class DomainController:
                 interval = min(interval, _GATE_CALIBRATION)
         return self.costs.steps_since_plain(bucket) >= interval - 1
 
-    def _overhead_known(self, d: _Domain) -> bool:
+    def _overhead_known(self, d: Entry) -> bool:
         """v is configured, measured at some bucket, or will not be (or not soon)."""
         return (self.cfg.verify_overhead is not None or not self.cfg.calibration_interval
                 or self.costs.overhead_samples() >= MIN_PAIRS or d.warmup_steps > _WARMUP_WAIT)
 
-    def _decide(self, d: _Domain, bucket: int) -> None:
+    def _decide(self, d: Entry, bucket: int) -> None:
         if d.fixed is not None:
             return
         alpha, rates, c = d.window.alpha, d.window.profile(), self.cost_ratio(d.name)
@@ -271,9 +269,14 @@ class DomainController:
                 return
             d.warm = True
         speedups = speedup_curve(rates, d.k_max, c, self.verify_overhead)
+        choice = d.choices.setdefault(bucket, Choice(DomainState.WARMUP, 0))
+        if d.free is not None and not choice.pinned and (free := d.free.profile()) is not None:  # which way pays
+            free_speedups = speedup_curve(free, d.k_max, c, self.verify_overhead)
+            choice.free = lift_cap(choice.free, speedups, free_speedups, _K_MARGIN)
+            if choice.free:
+                alpha, speedups = d.free.alpha, free_speedups
         k = max(range(1, d.k_max + 1), key=lambda j: (speedups[j], -j))
         s = speedups[k] if alpha >= self.cfg.min_acceptance else 0.0
-        choice = d.choices.setdefault(bucket, _Choice(DomainState.WARMUP, 0))
         is_on, undecided = choice.state == DomainState.ON, choice.state == DomainState.WARMUP
         want_on = s >= self.cfg.min_speedup * (1.0 if is_on else 1.0 + self.cfg.hysteresis)
         if want_on == is_on and not undecided:
@@ -288,16 +291,21 @@ class DomainController:
             choice.state, choice.k, choice.pending = (DomainState.ON, k, 0) if want_on else (DomainState.OFF, 0, 0)
             d.idle_steps = 0
 
-    def _state(self, d: _Domain, bucket: int) -> tuple[str, int]:
-        """(state, k) of ``d`` at ``bucket`` (undecided: the nearest decided bucket's, or warm-up)."""
-        if d.fixed is not None:
-            return d.fixed, d.k_max if d.fixed == DomainState.FIXED else 0
+    def _choice(self, d: Entry, bucket: int) -> Choice | None:
+        """``d``'s decision at ``bucket`` (undecided: the nearest decided bucket's; None: none decided)."""
         choice = d.choices.get(bucket)  # decided here: the usual case, read several times a step
         if choice is None or choice.state == DomainState.WARMUP:
             near = nearest((b for b, ch in d.choices.items() if ch.state != DomainState.WARMUP), bucket)
-            if near is None:  # warm-up: a few drafts, enough to measure, cheap if the draft is poor
-                return DomainState.WARMUP, min(self.cfg.warmup_k, d.k_max)
-            choice = d.choices[near]
+            return None if near is None else d.choices[near]
+        return choice
+
+    def _state(self, d: Entry, bucket: int) -> tuple[str, int]:
+        """(state, k) of ``d`` at ``bucket`` (undecided: the nearest decided bucket's, or warm-up)."""
+        if d.fixed is not None:
+            return d.fixed, d.k_max if d.fixed == DomainState.FIXED else 0
+        choice = self._choice(d, bucket)
+        if choice is None:  # warm-up: a few drafts, enough to measure, cheap if the draft is poor
+            return DomainState.WARMUP, min(self.cfg.warmup_k, d.k_max)
         return choice.state, choice.k
 
     def state(self, domain: str, rows: int | None = None) -> tuple[str, int]:
@@ -350,18 +358,19 @@ class DomainController:
             state, k = self._state(d, b)
             v = self.verify_overhead(max(k, 1))
             c = self.cost_ratio(d.name)
-            alpha, rates = d.window.alpha, d.window.profile()
+            window = d.window_of(self._choice(d, b))
+            alpha, rates = window.alpha, window.profile()
             speedup = None if alpha is None or c is None else expected_speedup(rates, k, c, v)
             out[d.name] = DomainStats(
                 domain=d.name, draft=d.draft, state=state, k=k, k_max=d.k_max,
                 steps=d.steps, drafted=d.drafted, accepted=d.accepted, alpha=alpha,
-                acceptance_per_pos=d.window.per_position(), cost_ratio=c, verify_overhead=v,
+                acceptance_per_pos=window.per_position(), cost_ratio=c, verify_overhead=v,
                 draft_forward_ms=_ms(self.costs.draft_forward_s(self._draft_of(d.name))),
                 target_step_ms=_ms(self.costs.target_step_s(b)), verify_step_ms=_ms(self.costs.verify_step_s(b)),
                 expected_speedup=speedup, error=d.error, bucket=b,
                 cost_ratio_measured=self.measured_cost_ratio(d.name), cost_ratio_size=self.size_cost_ratio(d.name),
                 by_bucket={bk: (ch.state, ch.k) for bk, ch in sorted(d.choices.items())}, switches=d.switches,
-                costs_by_bucket={bk: self._costs_at(d, rates, bk) for bk in sorted(d.choices)} if by_bucket else {},
+                costs_by_bucket={bk: self._costs_at(d, bk) for bk in sorted(d.choices)} if by_bucket else {},
             )
         return out
 
@@ -370,12 +379,16 @@ class DomainController:
         return {d.name: DomainCounters(d.drafted, d.accepted, d.steps, *self._state(d, self._bucket))
                 for d in self._domains.values()}
 
-    def _costs_at(self, d: _Domain, rates: list[float] | None, bucket: int) -> dict:
+    def _costs_at(self, d: Entry, bucket: int) -> dict:
         state, k = self._state(d, bucket)
         c = self.costs.cost_ratio(self._draft_of(d.name), bucket)
         v = self.costs.verify_overhead(max(k, 1), bucket)
+        rates = d.window_of(self._choice(d, bucket)).profile()
         speedup = None if rates is None or c is None else expected_speedup(rates, k, c, v)
-        return {"state": state, "k": k, "c": c, "v": v, "expected_speedup": speedup}
+        out = {"state": state, "k": k, "c": c, "v": v, "expected_speedup": speedup}
+        if d.free is not None:  # a capped lookup: whether the cap is lifted here, or back here for good
+            out["cap_lifted"], out["cap_pinned"] = d.window_of(d.choices[bucket]) is d.free, d.choices[bucket].pinned
+        return out
 
     def step_stats(self) -> dict[int, dict]:
         """Per batch bucket: the step gate and the step model (:meth:`.StepGate.stats`)."""
@@ -383,17 +396,4 @@ class DomainController:
 
     def summary(self) -> str:
         """One part per domain, then one per batch bucket of the step gate, for the periodic log."""
-        parts = []
-        for s in self.stats().values():
-            alpha = "n/a" if s.alpha is None else f"{s.alpha:.2f}"
-            c = "n/a" if s.cost_ratio is None else f"{s.cost_ratio:.3f}"
-            v = "n/a" if s.verify_overhead is None else f"{s.verify_overhead:.3f}"
-            sp = "n/a" if s.expected_speedup is None or math.isnan(s.expected_speedup) else f"{s.expected_speedup:.2f}x"
-            per_batch = ""
-            if len(s.by_bucket) > 1:
-                per_batch = " k_by_batch=" + ",".join(f"{b}:{k}" for b, (_, k) in s.by_bucket.items())
-            parts.append(
-                f"{s.domain}: state={s.state} k={s.k}/{s.k_max} batch<={s.bucket} drafted={s.drafted} "
-                f"accepted={s.accepted} alpha={alpha} c={c} v={v} S={sp}{per_batch}"
-            )
-        return "; ".join(parts + self.gate.summary())
+        return "; ".join([s.summary() for s in self.stats().values()] + self.gate.summary())

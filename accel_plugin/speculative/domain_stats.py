@@ -5,6 +5,7 @@ step, as :meth:`.controller.DomainController.counters` returns it)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -75,6 +76,21 @@ class DomainStats:
     def mean_acceptance_length(self) -> float:
         """1 + accepted / drafting steps (vLLM's "mean acceptance length")."""
         return _mean_acceptance_length(self.accepted, self.steps)
+
+    def summary(self) -> str:
+        """This domain's part of the controller's periodic log line."""
+        alpha = "n/a" if self.alpha is None else f"{self.alpha:.2f}"
+        c = "n/a" if self.cost_ratio is None else f"{self.cost_ratio:.3f}"
+        v = "n/a" if self.verify_overhead is None else f"{self.verify_overhead:.3f}"
+        sp = "n/a" if self.expected_speedup is None or math.isnan(self.expected_speedup) \
+            else f"{self.expected_speedup:.2f}x"
+        per_batch = ""
+        if len(self.by_bucket) > 1:
+            per_batch = " k_by_batch=" + ",".join(f"{b}:{k}" for b, (_, k) in self.by_bucket.items())
+        lifted = [str(b) for b, costs in self.costs_by_bucket.items() if costs.get("cap_lifted")]
+        cap = f" cap_lifted_at_batch={','.join(lifted)}" if lifted else ""
+        return (f"{self.domain}: state={self.state} k={self.k}/{self.k_max} batch<={self.bucket} drafted={self.drafted} "
+                f"accepted={self.accepted} alpha={alpha} c={c} v={v} S={sp}{per_batch}{cap}")
 
 
 class DomainCounters(NamedTuple):

@@ -9,7 +9,11 @@ suffix n-gram of the context, ``min_n <= n <= max_n``, that also occurs earlier 
 recent one instead. With ``spec_factor`` (a domain's ``lookup.spec_factor``) a match of
 ``n`` tokens proposes at most ``spec_factor * n`` of them (suffix decoding's
 ``max_spec_factor``): a one-token match is weak evidence, and on a CPU at batch 8 every
-draft token costs verification time.
+draft token costs verification time. Where a cap is set and the controller is adaptive, the cap is
+measured rather than fixed: each capped draft is followed to the end of its continuation
+(:class:`Shadow`, :meth:`PromptLookup.follow`), which tells how many of the uncapped drafts the
+target would have accepted, and the controller lifts the cap at a batch bucket where drafting the
+whole continuation predicts the better speedup (:meth:`.DomainController.capped`).
 
 :class:`NgramIndex` keeps, per n, a dict from an n-gram's bytes to the position of
 the token that followed it (the earliest or the latest occurrence), and is fed only
@@ -21,9 +25,11 @@ n-gram size (about 100-150 bytes each).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-__all__ = ["LOOKUP_DRAFT", "NgramIndex", "entry_domain", "lookup_entry", "most_drafts"]
+__all__ = ["LOOKUP_DRAFT", "NgramIndex", "PromptLookup", "Shadow", "entry_domain", "lookup_entry", "most_drafts"]
 
 #: the "draft" id of every lookup entry in the controller (its cost is measured under it)
 LOOKUP_DRAFT = "lookup"
@@ -116,17 +122,54 @@ class NgramIndex:
         return [int(t) for t in tokens[start: start + min(k, most_drafts(spec_factor, n) or k)]]
 
 
+class Shadow(NamedTuple):
+    """A capped lookup's draft, followed to its end: the ``avail`` tokens of the context at ``at`` were
+    the whole continuation when the context had ``start`` tokens; the cap allowed ``cap`` of them. Once
+    the context has moved on, the target's tokens from ``start`` tell how many it would have accepted."""
+
+    entry: str
+    at: int
+    start: int
+    avail: int
+    cap: int
+
+
+def follow_shadows(context: np.ndarray, shadows: list[Shadow]) -> tuple[list[tuple[Shadow, int]], list[Shadow]]:
+    """``(done, open)``: each shadow the ``context`` settles, with the number of its continuation's tokens
+    the target produced in a row (from the first), and those it cannot settle yet (every token so far
+    matched, fewer than ``avail`` known)."""
+    done, still = [], []
+    for s in shadows:  # a few tokens each: Python lists beat numpy's per-call cost (3 us against 8 for two)
+        known = min(s.avail, len(context) - s.start)
+        drafted, produced = context[s.at: s.at + known].tolist(), context[s.start: s.start + known].tolist()
+        same = 0
+        while same < known and drafted[same] == produced[same]:
+            same += 1
+        if same < known:
+            done.append((s, same))
+        elif known >= s.avail:
+            done.append((s, s.avail))
+        else:
+            still.append(s)
+    return done, still
+
+
 class PromptLookup:
     """The prompt lookups of a proposer's domains (``lookups``: domain -> its
     :class:`~.draft_config.schema.LookupConfig`): one :class:`NgramIndex` per request
     of such a domain, kept on its state (``state.lookup``)."""
 
-    def __init__(self, lookups: dict):
+    def __init__(self, lookups: dict, k_max: dict[str, int] | None = None):
         self.lookups = lookups
+        self.k_max = k_max or {}  #: domain -> its k_max (a followed draft's continuation is cut there)
 
     def entries(self) -> dict[str, str]:
         """Controller entry -> its draft id, one per lookup domain."""
         return {lookup_entry(name): LOOKUP_DRAFT for name in self.lookups}
+
+    def capped(self) -> set[str]:
+        """The entries of the lookups with a ``spec_factor`` cap."""
+        return {lookup_entry(name) for name, cfg in self.lookups.items() if cfg.spec_factor is not None}
 
     def match_rows(self, rows) -> dict[int, tuple[int, int | None]]:
         """Row -> ``(position, most)``: the context position to copy drafts from and the
@@ -146,6 +189,31 @@ class PromptLookup:
             if hit is not None:
                 found[i] = hit[0], most_drafts(cfg.spec_factor, hit[1])
         return found
+
+    def draft(self, state, hit: tuple[int, int | None], controller, max_len: int) -> list[int]:
+        """The drafts of ``state``'s row from its match ``hit`` (:meth:`match_rows`) at the controller's k
+        for its lookup entry, at most the cap unless the controller lifted it; sets the state's
+        ``last_drafts``, ``drafter`` and ``offer``, and follows a capped draft (:class:`Shadow`)."""
+        (at, cap), entry, context = hit, lookup_entry(state.domain), state.context
+        room = max_len - len(context)
+        most = cap if cap is None or controller.capped(entry) else None
+        k = min(controller.k_for(entry), room, most or room)
+        if k <= 0:
+            return []
+        drafts = [int(t) for t in context[at: at + k]]
+        state.last_drafts, state.drafter = tuple(drafts), entry
+        state.offer = most and min(most, len(context) - at)  # what any k would draft
+        if cap is not None and controller.cfg.adaptive:  # a fixed controller keeps the cap
+            most_k = self.k_max.get(state.domain, room)
+            state.shadows.append(Shadow(entry, at, len(context), min(len(context) - at, room, most_k), cap))
+        return drafts
+
+    @staticmethod
+    def follow(state, observe) -> None:
+        """Give ``observe(entry, avail, accepted, cap)`` every shadow of ``state`` its context now settles."""
+        done, state.shadows = follow_shadows(state.context, state.shadows)
+        for shadow, accepted in done:
+            observe(shadow.entry, shadow.avail, accepted, shadow.cap)
 
 
 def most_drafts(spec_factor: float | None, n: int) -> int | None:

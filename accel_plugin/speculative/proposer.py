@@ -89,12 +89,13 @@ class DomainProposer:
         self.max_len = max_len
         self.router = DomainRouter.from_config(config)
         drafts = config.drafts()
-        self.lookup = PromptLookup(config.lookups())  # each lookup is an entry of its own: "<domain>/lookup"
+        lookups = config.lookups()  # each lookup is an entry of its own: "<domain>/lookup"
+        self.lookup = PromptLookup(lookups, {name: config.k_max(name) for name in lookups})
         k_max = {name: config.k_max(name) for name in drafts}
-        k_max.update({lookup_entry(name): config.k_max(name) for name in self.lookup.lookups})
+        k_max.update({lookup_entry(name): most for name, most in self.lookup.k_max.items()})
         self.controller = DomainController(
             config.controller, {**drafts, **self.lookup.entries()}, k_max,
-            target_bytes=target_bytes, logger=self.logger,
+            target_bytes=target_bytes, logger=self.logger, capped=self.lookup.capped(),
         )
         self.engine = DraftEngine(dtype=dtype, device=device, max_len=max_len + config.num_speculative_tokens + 1,
                                   initial_slots=initial_slots, target_dir=target_dir)
@@ -258,15 +259,10 @@ class DomainProposer:
             state.last_drafts, state.drafter, state.offer = (), None, None
             if i in matched:  # prompt lookup first (its probes too); the draft model if it drafts nothing
                 t0 = self._clock()
-                (at, most), entry = matched[i], lookup_entry(state.domain)
-                k = min(self.controller.k_for(entry), self.max_len - len(state.context), most or self.max_len)
-                if k > 0:
-                    out[i] = [int(t) for t in state.context[at: at + k]]
-                    state.last_drafts, state.drafter = tuple(out[i]), entry
-                    state.offer = most and min(most, len(state.context) - at)  # what any k would draft
-                    lookup_rows, lookup_k = lookup_rows + 1, max(lookup_k, len(out[i]))
+                out[i] = self.lookup.draft(state, matched[i], self.controller, self.max_len)
                 lookup_seconds += self._clock() - t0
-                if k > 0:
+                if out[i]:
+                    lookup_rows, lookup_k = lookup_rows + 1, max(lookup_k, len(out[i]))
                     continue
             k = self.controller.k_for(state.domain) if draft is not None and draft not in self._failed else 0
             k = min(k, self.max_len - len(state.context))
@@ -318,6 +314,8 @@ class DomainProposer:
                 accepted += 1
             self.controller.observe(state.drafter or state.domain, len(state.last_drafts), accepted, state.offer)
         state.extend(new)
+        if state.shadows:
+            self.lookup.follow(state, self.controller.observe_lookup)
 
     def _tell_size(self, draft: str) -> None:
         """Give the controller the weight bytes one forward of ``draft`` reads (once)."""

@@ -34,14 +34,14 @@ of the context, not a copy.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:
     from .draft_engine import DraftCache
-    from .lookup import NgramIndex
+    from .lookup import NgramIndex, Shadow
 
 __all__ = ["KEY_TOKENS", "RequestState", "StateIndex", "row_keys"]
 
@@ -91,6 +91,7 @@ class RequestState:
     lookup: NgramIndex | None = None  #: the n-gram index of its context (domains with prompt lookup)
     drafter: str | None = None  #: the controller entry that made ``last_drafts`` (None: its domain)
     offer: int | None = None  #: the most a lookup would have drafted at any k (``spec_factor``'s cap; None: k)
+    shadows: list[Shadow] = field(default_factory=list)  #: capped lookup drafts followed to their end
 
     @classmethod
     def start(cls, domain: str, tokens: np.ndarray, **fields) -> RequestState:

@@ -23,15 +23,12 @@ drafted finish unevenly): :mod:`.episodes` measures each such batch's *tail fact
 bucket), and the gate reads a key's measured speedup times the median of its last 4 factors; a key with none
 borrows the median of its bucket's other keys' factors (a new mix of a bucket whose whole batches lose starts
 judged by them), 1 where the bucket has none or is batch 1 (no tail there, and another entry's whole-over-cycles
-says nothing of this one's: a compiled demo's `default/lookup`, 1.22x by its cycles, read 0.7x by a borrowed factor
-and stayed off where n-gram paid 1.12x). A whole batch that counts also gives its *whole speedup* (plain's time for
-its tokens over its measured time, everything included: the draft's prefill, catch-ups, the tail); the lower median
-of a key's last 4 below ``min_speedup`` switches it off at once (two bad of 3-4, not one noisy batch after good
-ones); one below its cycles times the tail factor makes its factor whole over cycles (cycles pair with rare
-calibration steps: support at batch 8 read 1.24-1.43x by its cycles, 0.87-0.91x whole, 1.07x by cycles times tail,
-and its probes would switch it back on). Where its last 4 whole batches paid (lower median at least ``min_speedup *
-(1 + hysteresis)``) an on key's cycles do not switch it off: at batch 1 the few cycles that pair (a drafting one
-beside a calibration step) read 0.93x for TGI's support key whose whole requests read 1.1-2.4x.
+says nothing of this one's). A whole batch that counts also gives its *whole speedup* (plain's time for its tokens
+over its measured time, everything included: the draft's prefill, catch-ups, the tail); the lower median of a key's
+last 4 below ``min_speedup`` switches it off at once (two bad of 3-4, not one noisy batch after good ones); one
+below its cycles times the tail factor makes its factor whole over cycles (cycles pair with rare calibration
+steps). Where its last 4 whole batches paid (lower median at least ``min_speedup * (1 + hysteresis)``) an on key's
+cycles do not switch it off (at batch 1 few cycles pair: a drafting one beside a calibration step).
 
 **Gate.** Per key: ``warmup`` until ``gate_min_samples`` samples, then ``on`` or ``off`` by the measured speedup of
 the last ``gate_window`` (times the factor): on goes off below ``min_speedup``, off goes on at ``min_speedup * (1 +
@@ -41,17 +38,15 @@ smaller bucket with a verdict for its mix is off (a verified draft token per row
 warm-up to find that out again), or, with no such bucket, where its mix has several domains and each alone is off
 at its bucket (a step that drafts for several domains pays for several drafts); from there it is an ordinary off
 key: its probes' samples switch it on only at ``min_speedup * (1 + hysteresis)``, ``gate_switch_after`` times in a
-row (a first verdict at ``min_speedup`` let four noisy probes of a losing mix switch it on: support-free at batch 8
-then ran whole batches at 0.69x). At an off key no row drafts, except a probe after :func:`probe_interval` steps
-(``gate_probe_interval`` times the bucket, at most 8): two drafting steps, the first to let the drafts catch up on
-the plain steps' tokens (not paired), the second measured against its plain neighbours. The catch-up is a draft
-forward over every token the rows took meanwhile (at batch 8 about a plain step), so each probe that leaves the key
-off doubles the interval to the next, up to :data:`MAX_BACKOFF` doublings (at batch 1, 16 steps then 32 then 64:
-probes every 16 steps cost a lone general request about 6%). A whole batch's switch (its speedups, or a factor that
-brings an on key below ``min_speedup`` where its cycles alone are above) starts at :data:`MAX_BACKOFF` doublings (a
-whole batch is stronger evidence than a cycle), and so does a key that starts off (a probe drafts for every row,
-every draft of its mix, and catches up rows that never drafted over their whole context); any other switch resets
-the interval.
+row. At an off key no row drafts, except a probe after :func:`probe_interval` steps (``gate_probe_interval`` times
+the bucket, at most 8): two drafting steps, the first to let the drafts catch up on the plain steps' tokens (not
+paired), the second measured against its plain neighbours. The catch-up is a draft forward over every token the
+rows took meanwhile (at batch 8 about a plain step), so each probe that leaves the key off doubles the interval to
+the next, up to :data:`MAX_BACKOFF` doublings (at batch 1, 16 steps then 32 then 64). A whole batch's switch (its
+speedups, or a factor that brings an on key below ``min_speedup`` where its cycles alone are above) starts at
+:data:`MAX_BACKOFF` doublings (a whole batch is stronger evidence than a cycle), and so does a key that starts off
+(a probe drafts for every row and draft of its mix); any other switch resets the interval. A key whose drafting
+changed (a lifted lookup cap taken back) starts over in warm-up (:meth:`StepGate.restart`).
 
 The step model (:func:`.step_model.plan_step`) predicts; this gate measures.
 """
@@ -281,10 +276,10 @@ class StepGate:
         if at.pending >= cfg.gate_switch_after:
             self._switch(at, GateState.ON if want_on else GateState.OFF)
 
-    def _switch(self, at: _Bucket, state: str, backoff: int = 0) -> None:
-        """A switch keeps only the last ``gate_min_samples`` samples (the next verdict reads the new regime)."""
+    def _switch(self, at: _Bucket, state: str, backoff: int = 0, keep: int | None = None) -> None:
+        """Keep only the last ``gate_min_samples`` (or ``keep``) samples: the next verdict reads the new regime."""
         at.state, at.pending, at.off_steps, at.backoff = state, 0, 0, backoff
-        for _ in range(len(at.samples) - self.cfg.gate_min_samples):
+        for _ in range(len(at.samples) - (self.cfg.gate_min_samples if keep is None else keep)):
             at.samples.popleft()
 
     # ------------------------------------------------------------------ deciding
@@ -311,6 +306,12 @@ class StepGate:
             self._current = (key, True)
             return "probe"
         return GateState.OFF
+
+    def restart(self, bucket: int, mix: Iterable[str]) -> str:
+        """Warm-up again with no samples kept: the key's drafting changed (a lifted cap taken back)."""
+        self._switch(at := self._at((bucket, frozenset(mix))), GateState.WARMUP, keep=0)
+        at.whole.clear()
+        return at.state
 
     def state(self, bucket: int, mix: Iterable[str] = ()) -> str:
         at = self._buckets.get((bucket, frozenset(mix)))
@@ -378,8 +379,7 @@ class StepGate:
                 "steps": sum(at.steps for at in ats),
                 "mixes": {mix_name(mix): {"gate": at.state, "measured_speedup": measured_speedup(at.samples),
                                           "samples": at.total_samples, "steps": at.steps,
-                                          "tail_factor": median(at.tails),
-                                          "whole_speedup": median(at.whole),
+                                          "tail_factor": median(at.tails), "whole_speedup": median(at.whole),
                                           "inherited": at.inherited} for mix, at in mixes},
             }
         return out

@@ -269,7 +269,8 @@ def test_an_off_lookup_entry_beside_a_draft_still_probes(make_config, tokenizer,
     """Rows whose lookup entry is off draft with the draft model; the lookup entry's steps
     still count towards its probe, or it could never be measured, and switched on, again."""
     from accel_plugin.speculative import DomainProposer
-    from accel_plugin.speculative.controller import DomainState, _Choice
+    from accel_plugin.speculative.controller import DomainState
+    from accel_plugin.speculative.entries import Choice
 
     v = _verifier()
     proposer = DomainProposer(make_config(f"""
@@ -281,7 +282,7 @@ def test_an_off_lookup_entry_beside_a_draft_still_probes(make_config, tokenizer,
             match: {{keywords: [rewrite]}}
         controller: {{probe_interval: 2, step_gate: false, min_acceptance: 1.0}}
     """), lambda ids: tokenizer.decode(ids, skip_special_tokens=True), max_len=v.MAX_LEN)
-    proposer.controller._domains["support/lookup"].choices[1] = _Choice(DomainState.OFF, 0)
+    proposer.controller._domains["support/lookup"].choices[1] = Choice(DomainState.OFF, 0)
     requests = [v.Request(tokenizer(REPEAT[0]).input_ids, 24, "support")]
     v.serve(proposer, target, requests)
     v.assert_lossless(target, requests)
