@@ -15,7 +15,9 @@ step without accepted drafts does.
 
 ``--config lookups`` gives the proposer the demo's domains instead (three domains and the
 default, each with prompt lookup), still without a draft model: each step then looks up
-every row's n-grams and decides the entries of its rows.
+every row's n-grams and decides the entries of its rows. ``--config capped``: the demo's
+default lookup (1-8 tokens, ``spec_factor: 1``), whose drafts are followed to their end
+(:class:`accel_plugin.speculative.lookup.Shadow`) so that the controller can measure its cap.
 
 Three ways of calling, as the adapters do:
 
@@ -61,6 +63,12 @@ CONFIGS = {
           code: {lookup: {min: 2, max: 5}, match: {keywords: [python]}}
           support: {lookup: {min: 2, max: 5}, match: {keywords: [refund]}}
         default: {draft: null, lookup: {min: 2, max: 5}}
+        controller: {log_interval_s: 0}
+    """,
+    # the demo's default lookup: 1-8 tokens, capped by the match (each matched row's draft followed to its end)
+    "capped": """
+        num_speculative_tokens: 5
+        default: {draft: null, lookup: {min: 1, max: 8, occurrence: latest, spec_factor: 1}}
         controller: {log_interval_s: 0}
     """,
 }
