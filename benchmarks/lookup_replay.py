@@ -19,6 +19,12 @@ table at most), and suffix decoding (arctic-inference's ``SuffixDecodingCache``,
 per-request prompt tree as ``accel demo`` runs it, vLLM's defaults: depth 24,
 ``max_spec_factor`` 1, ``min_token_prob`` 0.1) where ``arctic_inference`` imports
 (``ACCEL_DEMO_SUFFIX_PATH`` adds folders to ``sys.path``, as for the demo's workers).
+
+``--shadows`` checks instead what the controller reads when it measures a ``spec_factor`` cap
+(:class:`~accel_plugin.speculative.lookup.Shadow`): with the repeat domain's lookup, tokens per
+drafting step of the capped policy and of the uncapped one, each run, and the uncapped one as read
+from the capped run's whole continuations: every capped step's, and only the steps the uncapped
+policy would have made (``Shadow.free``, what the controller keeps).
 """
 
 from __future__ import annotations
@@ -105,6 +111,47 @@ def replay(prompt: list[int], answer: list[int], propose: Proposer) -> tuple[int
     return steps, drafted, accepted
 
 
+def drafting_steps(prompt: list[int], answer: list[int], policy: Lookup, k: int) -> list[tuple[int, int, int]]:
+    """``(context length, tokens of the whole continuation the answer continues, tokens the policy keeps)``
+    for each step of ``policy`` that drafts (a match), decoding ``answer`` after ``prompt``."""
+    index = NgramIndex(policy.min_n, policy.max_n, policy.occurrence)
+    done, steps = 1, []
+    while done < len(answer):
+        context = np.asarray(prompt + answer[:done], dtype=np.int64)
+        whole = index.propose(context, k)
+        right = 0
+        while right < min(len(whole), len(answer) - done) and whole[right] == answer[done + right]:
+            right += 1
+        kept = min(right, len(index.propose(context, k, policy.spec_factor)))
+        if whole:
+            steps.append((len(context), right, kept))
+        done += kept + 1
+    return steps
+
+
+def shadow_table(data: dict, policy: Lookup, k: int) -> list[dict]:
+    """Per set: tokens per drafting step of ``policy`` (capped) and uncapped, and the uncapped one read
+    from the capped run: from every step, and from those the uncapped policy would make."""
+    free_policy = Lookup(policy.min_n, policy.max_n, policy.occurrence)
+    rows = []
+    for name, pairs in data.items():
+        capped, free, every, chained = [], [], [], []
+        for prompt, answer in pairs:
+            steps = drafting_steps(prompt, answer, policy, k)
+            capped += [kept + 1 for _, _, kept in steps]
+            free += [kept + 1 for _, _, kept in drafting_steps(prompt, answer, free_policy, k)]
+            every += [right + 1 for _, right, _ in steps]
+            next_free = 0
+            for start, right, _ in steps:
+                if start >= next_free:
+                    chained.append(right + 1)
+                    next_free = start + right + 1
+        rows.append({"set": name, "capped": float(np.mean(capped)), "uncapped": float(np.mean(free)),
+                     "read_every_step": float(np.mean(every)), "read_free_steps": float(np.mean(chained)),
+                     "steps": [len(capped), len(free), len(every), len(chained)]})
+    return rows
+
+
 def answers(sets: list[str], max_tokens: int, cache: Path) -> dict[str, list[list[list[int]]]]:
     """Set -> [[prompt ids, answer ids], ...]: the target's greedy float32 answers, cached per
     set (made again for a set whose prompts or ``max_tokens`` differ from the cached ones)."""
@@ -172,6 +219,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--first", type=int, metavar="N",
                         help="replay only the first N prompts of each set (the demo's batch-1 row: 1, batch 8: 8)")
     parser.add_argument("--json", type=Path, help="also write the table here")
+    parser.add_argument("--shadows", action="store_true",
+                        help="check what a measured spec_factor cap reads instead (the repeat domain's lookup)")
     args = parser.parse_args(argv)
     sets = [s for s in args.sets.split(",") if s]
     if not sets or args.max_tokens < 2 or args.k < 1 or (args.first is not None and args.first < 1):
@@ -180,13 +229,15 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"--sets: unknown {', '.join(unknown)}; valid: {', '.join(SETS)}")
     sys.path[:0] = [p for p in os.environ.get("ACCEL_DEMO_SUFFIX_PATH", "").split(os.pathsep) if p]
+    data = {name: pairs[: args.first] for name, pairs in answers(sets, args.max_tokens, args.answers).items()}
+    if args.shadows:
+        return print_shadows(shadow_table(data, SHADOW_POLICY, args.k), args)
     policies: list = list(POLICIES)
     try:
         policies.append(Suffix())
     except ImportError as exc:
         print(f"suffix decoding left out: arctic_inference does not import ({exc}); "
               "ACCEL_DEMO_SUFFIX_PATH names its folder", file=sys.stderr)
-    data = {name: pairs[: args.first] for name, pairs in answers(sets, args.max_tokens, args.answers).items()}
     rows = table(data, policies, args.k)
     first = "" if args.first is None else f", first {args.first} prompt(s) per set"
     print(f"| set | policy (k {args.k}{first}) | tokens/step | drafted/step | accepted per draft |")
@@ -198,5 +249,21 @@ def main(argv: list[str] | None = None) -> None:
         args.json.write_text(json.dumps(rows, indent=1))
 
 
+#: the demo's repeat domain's lookup (drafts.yaml): a match of n tokens drafts n at most
+SHADOW_POLICY = Lookup(1, 8, "latest", 1.0)
+
+
+def print_shadows(rows: list[dict], args) -> None:
+    print(f"| set | {SHADOW_POLICY.name} (k {args.k}): capped | uncapped | uncapped read from every capped step "
+          f"| from the uncapped policy's steps (Shadow.free) | drafting steps (capped, uncapped, read, free) |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['set']} | {r['capped']:.2f} | {r['uncapped']:.2f} | {r['read_every_step']:.2f} "
+              f"| {r['read_free_steps']:.2f} | {', '.join(map(str, r['steps']))} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
 if __name__ == "__main__":
     main()
+

@@ -2,38 +2,30 @@
 
 The speedup model is :mod:`.speedup`: ``S(a, k, c, v) = (1 - a^(k+1)) / ((1 - a)
 (k c + 1 + v(k)))``. Per domain the controller estimates ``a`` from a window of
-observations (:mod:`.acceptance`: one per request and step, drafted ``k`` and
-accepted ``n``, as accepted / tested positions). ``c`` and ``v`` come from paired timings per batch
-bucket (:mod:`.costs`: a draft call with the target step right after it, a plain
-step with its verifying neighbours; buckets of rows 1, 2, 3-4, 5-8, ...; a band
-around the weight-size ratio), so a slow or fast spell of a shared machine moves
-neither.
+observations (:mod:`.acceptance`: one per request and step, drafted ``k`` and accepted ``n``, as
+accepted / tested positions). ``c`` and ``v`` come from paired timings per batch bucket (:mod:`.costs`:
+a draft call with the target step right after it, a plain step with its verifying neighbours; buckets
+of rows 1, 2, 3-4, 5-8, ...; a band around the weight-size ratio): a spell of a shared machine moves neither.
 
 Per domain and bucket the controller decides on or off and k:
 
-- **Hysteresis.** A domain that is on goes off when the best ``S`` over
-  ``k = 1..k_max`` is below ``min_speedup``; one that is off goes on when it
-  reaches ``min_speedup * (1 + hysteresis)``; either switch needs its condition in
-  ``switch_after`` consecutive decisions, so one odd step never flips it. While on,
-  k changes only for an ``S`` more than 1% above the current k's.
-- **Warm-up.** A domain drafts k_max until it has ``min_samples`` observations, a
-  measured ``c`` and (while calibration is on) a measured ``v``, waiting for ``v``
-  at most 32 steps. Then each bucket starts undecided: off at the first decision
-  below the band, on after ``switch_after`` decisions above it (meanwhile it
-  drafts as the nearest decided bucket does, or k_max). A bucket seen for the
-  first time later starts the same way.
-- **Calibration steps.** When some request would draft and the last
-  ``calibration_interval - 1`` timed steps of the bucket all verified drafts
-  (every other step until the bucket has 3 samples of ``v``), no request drafts:
-  that plain step's time against its verifying neighbours gives ``v``. Probes due
-  then wait for the next step. (With every domain of a batch off, plain steps
-  happen by themselves.)
+- **Hysteresis.** A domain that is on goes off when the best ``S`` over ``k = 1..k_max`` is below
+  ``min_speedup``; one that is off goes on when it reaches ``min_speedup * (1 + hysteresis)``; either
+  switch needs its condition in ``switch_after`` consecutive decisions, so one odd step never flips
+  it. While on, k changes only for an ``S`` more than 1% above the current k's.
+- **Warm-up.** A domain drafts k_max until it has ``min_samples`` observations, a measured ``c`` and
+  (while calibration is on) a measured ``v``, waiting for ``v`` at most 32 steps. Then each bucket
+  starts undecided: off at the first decision below the band, on after ``switch_after`` decisions
+  above it (meanwhile it drafts as the nearest decided bucket does, or k_max), as does a bucket seen first later.
+- **Calibration steps.** When some request would draft and the last ``calibration_interval - 1``
+  timed steps of the bucket all verified drafts (every other step until the bucket has 3 samples of
+  ``v``), no request drafts: that plain step's time against its verifying neighbours gives ``v``.
+  Probes due then wait for the next step. (With every domain of a batch off, plain steps happen.)
 - **Lookup caps.** A prompt lookup with a ``spec_factor`` cap is measured both ways (:mod:`.entries`);
   per bucket it drafts capped or the whole continuation, whichever predicts the higher best ``S``; where
   the step gate goes off there, the cap comes back for good first.
-- **Probing.** An off domain drafts ``probe_k`` tokens for one of its requests
-  once every ``probe_interval`` of its steps. A domain whose draft model failed
-  is off for good (state ``failed``).
+- **Probing.** An off domain drafts ``probe_k`` tokens for one of its requests once every
+  ``probe_interval`` of its steps. A domain whose draft model failed is off for good (``failed``).
 
 Per step, the step model (:func:`.step_model.plan_step`, given every row's domain)
 drops domains whose drafting costs the step more than its rows gain; the measured
@@ -53,7 +45,7 @@ from .domain_stats import DomainCounters, DomainState, DomainStats
 from .draft_config.schema import ControllerConfig
 from .entries import Choice, Entry, lift_cap, take_back_caps
 from .lookup import entry_domain
-from .speedup import best_k, expected_speedup, expected_tokens, speedup_curve
+from .speedup import best_k, expected_drafts, expected_speedup, expected_tokens, speedup_curve
 from .step_gate import GateState, StepGate
 from .step_model import plan_step
 
@@ -73,6 +65,11 @@ _GATE_EARLY_CYCLES = (64, 512)
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
+
+
+def _drafts(rates, k: int) -> float:
+    """Drafts per drafting row at ``k`` (1 at least; fewer than k for capped offers): what v is read for."""
+    return max(k, 1) if rates is None else expected_drafts(rates, max(k, 1))
 
 
 class DomainController:
@@ -169,22 +166,26 @@ class DomainController:
             d.window.add(k, accepted, offer)
         d.steps, d.drafted, d.accepted = d.steps + 1, d.drafted + k, d.accepted + accepted
 
-    def observe_lookup(self, entry: str, avail: int, accepted: int, cap: int) -> None:
+    def observe_lookup(self, entry: str, avail: int, accepted: int, cap: int, free: bool = True) -> None:
         """A capped lookup's draft followed to its end (:class:`.lookup.Shadow`): the target produced the first
-        ``accepted`` of the ``avail`` tokens after its match. Both windows learn it (``cap``: what the cap drafts)."""
+        ``accepted`` of the ``avail`` tokens after its match; the capped window learns it (``cap``: what the cap
+        drafts), the whole continuations' too if ``free`` (a step the uncapped policy would make)."""
         d = self._domains[entry]
         if d.free is None or avail <= 0:
             return
-        avail = min(avail, d.k_max)
-        capped = min(cap, avail)
+        avail, capped = min(avail, d.k_max), min(cap, avail)
         d.window.add(capped, min(accepted, capped), capped)
-        d.free.add(avail, min(accepted, avail), avail)
+        if free:
+            d.free.add(avail, min(accepted, avail), avail)
 
     def capped(self, entry: str) -> bool:
-        """Whether ``entry``'s lookup keeps its ``spec_factor`` cap at the current bucket (False where the
-        controller lifted it: the whole continuation measured the higher best ``S`` there)."""
+        """Whether ``entry``'s lookup keeps its cap at the current bucket (False: lifted, see :mod:`.entries`)."""
         d = self._domains[entry]
         return d.window_of(self._choice(d, self._bucket)) is d.window
+
+    def follows(self, entry: str) -> bool:
+        """Whether ``entry``'s capped drafts are followed to their end (a measured cap: :meth:`observe_lookup`)."""
+        return self._domains[entry].free is not None
 
     def step(self, rows: int = 1, domains: Iterable[str] | None = None,
              row_domains: Sequence[str] | None = None) -> None:
@@ -356,10 +357,9 @@ class DomainController:
         b = self._bucket
         for d in self._domains.values():
             state, k = self._state(d, b)
-            v = self.verify_overhead(max(k, 1))
-            c = self.cost_ratio(d.name)
             window = d.window_of(self._choice(d, b))
             alpha, rates = window.alpha, window.profile()
+            v, c = self.verify_overhead(_drafts(rates, k)), self.cost_ratio(d.name)
             speedup = None if alpha is None or c is None else expected_speedup(rates, k, c, v)
             out[d.name] = DomainStats(
                 domain=d.name, draft=d.draft, state=state, k=k, k_max=d.k_max,
@@ -382,8 +382,8 @@ class DomainController:
     def _costs_at(self, d: Entry, bucket: int) -> dict:
         state, k = self._state(d, bucket)
         c = self.costs.cost_ratio(self._draft_of(d.name), bucket)
-        v = self.costs.verify_overhead(max(k, 1), bucket)
         rates = d.window_of(self._choice(d, bucket)).profile()
+        v = self.costs.verify_overhead(_drafts(rates, k), bucket)
         speedup = None if rates is None or c is None else expected_speedup(rates, k, c, v)
         out = {"state": state, "k": k, "c": c, "v": v, "expected_speedup": speedup}
         if d.free is not None:  # a capped lookup: whether the cap is lifted here, or back here for good

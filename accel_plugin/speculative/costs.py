@@ -16,6 +16,13 @@ one before, so nothing here compares times taken at different moments.
   the verifying step checked: ``u``, the overhead per draft token, so that ``v(k) =
   u k``. ``u`` is the median of the last 64 samples weighted by drafts per request
   (a step that verified one draft among eight requests says little), clamped at 0.
+  **Long drafts** (``LONG_DRAFTS`` = 4 or more per request) read ``u`` from their own
+  samples once there are 3 of them (the least noisy samples: a step's noise divided
+  by 4 or more): a CPU engine's step may cost much more per draft from some length on
+  (eager vLLM at batch 1 here: 3-6% for 1-3 drafts, 21-28% for 4-5), and a ``u`` read
+  mostly from short drafts under-prices long ones. Short drafts keep the bucket's
+  whole window (a sample of one draft carries the step's noise five times over, one
+  of a probe among 8 requests forty times: read alone, a few of them mislead).
   The controller makes such plain steps when none happen by themselves
   (calibration steps). Nothing measured and ``controller.verify_overhead`` unset:
   ``v = 0``.
@@ -50,6 +57,8 @@ _MAX_AGE = 512
 MIN_PAIRS = 3
 #: a measured c is clamped into [c_size / SIZE_BAND, c_size * SIZE_BAND]
 SIZE_BAND = 4.0
+#: drafts per request from which u is read from such steps alone (once MIN_PAIRS exist)
+LONG_DRAFTS = 4
 #: raw times kept for the counters (draft_forward_ms ...); decisions use pairs only
 _TIMES_KEPT = 64
 
@@ -192,17 +201,21 @@ class StepCosts:
 
     # -------------------------------------------------------------------- reading
 
-    def verify_overhead(self, k: int, bucket: int) -> float:
-        """v for verifying ``k`` drafts per request at ``bucket``: configured, or ``u k``."""
+    def verify_overhead(self, k: float, bucket: int) -> float:
+        """v for verifying ``k`` drafts per request at ``bucket``: configured, or ``u k`` (long drafts: their own u)."""
         if self.cfg.verify_overhead is not None:
             return self.cfg.verify_overhead
-        return self._per_token_overhead(bucket) * k
+        return self._per_token_overhead(bucket, k) * k
 
-    def _per_token_overhead(self, bucket: int) -> float:
-        key = ("u", bucket)
+    def _per_token_overhead(self, bucket: int, per_row: float) -> float:
+        key = ("u", bucket, per_row >= LONG_DRAFTS)
         if key not in self._memo:
             near = _nearest_window(self._overheads, bucket)
-            self._memo[key] = 0.0 if near is None else max(0.0, _weighted_median(near[1]))
+            if near is None:
+                self._memo[key] = 0.0
+            else:
+                long = [sample for sample in near[1] if sample[1] >= LONG_DRAFTS] if key[2] else []
+                self._memo[key] = max(0.0, _weighted_median(long if len(long) >= MIN_PAIRS else near[1]))
         return self._memo[key]
 
     def measured_cost_ratio(self, draft: str, bucket: int) -> float | None:
@@ -219,8 +232,7 @@ class StepCosts:
                 # valid until the oldest fresh sample ages out (the last MIN_PAIRS: until the next pair)
                 expiry = fresh[0][2] + _MAX_AGE if len(fresh) >= MIN_PAIRS else math.inf
                 fresh = fresh if len(fresh) >= MIN_PAIRS else list(window)[-MIN_PAIRS:]
-                fixed, u = self.cfg.verify_overhead, self._per_token_overhead(b)
-                found = median(r * (1.0 + (u * per_row if fixed is None else fixed)) for r, per_row, _ in fresh), expiry
+                found = median(r * (1.0 + self.verify_overhead(per_row, b)) for r, per_row, _ in fresh), expiry
             self._memo[key] = found
         return found[0]
 

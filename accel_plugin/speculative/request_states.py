@@ -92,6 +92,7 @@ class RequestState:
     drafter: str | None = None  #: the controller entry that made ``last_drafts`` (None: its domain)
     offer: int | None = None  #: the most a lookup would have drafted at any k (``spec_factor``'s cap; None: k)
     shadows: list[Shadow] = field(default_factory=list)  #: capped lookup drafts followed to their end
+    free_from: int = 0  #: where the uncapped lookup policy's next step would be (``Shadow.free``)
 
     @classmethod
     def start(cls, domain: str, tokens: np.ndarray, **fields) -> RequestState:

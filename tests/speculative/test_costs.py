@@ -98,6 +98,25 @@ def test_verify_overhead_weighs_samples_by_drafts_per_request():
     assert m.verify_overhead(1, 8) == pytest.approx(0.1)  # an unweighted median: 0.4
 
 
+def test_verify_overhead_is_read_per_range_of_drafts_per_request():
+    """u of 4 drafts or more per request from such samples once there are 3, else from all (as shorter
+    drafts' always): an engine whose step costs 3% a draft up to 3 drafts and 6% from 4 (eager vLLM's
+    CPU step at batch 1 here)."""
+    m = costs()
+    steps(m, 1, *[(0.0103, 1), (0.010, 0)] * 3)  # 1 draft: u 0.03, 5 samples (each step pairs with the last)
+    steps(m, 1, *[(0.0106, 2), (0.010, 0)] * 10)  # 2 drafts: u 0.03, 20 samples
+    assert m.verify_overhead(1, 1) == pytest.approx(0.03) and m.verify_overhead(5, 1) == pytest.approx(0.15)
+    steps(m, 1, (0.0130, 5), (0.010, 0))  # 5 drafts: u 0.06, 2 samples: not enough yet
+    assert m.verify_overhead(5, 1) == pytest.approx(0.15)  # all samples' weighted median (by drafts)
+    steps(m, 1, (0.0124, 4))  # a third, 4 drafts
+    assert m.verify_overhead(4, 1) == pytest.approx(0.24) and m.verify_overhead(5, 1) == pytest.approx(0.30)
+    assert m.verify_overhead(3, 1) == pytest.approx(0.09) and m.verify_overhead(1, 1) == pytest.approx(0.03)
+    steps(m, 1, *[(0.010, 0), (0.0124, 4)] * 10)  # long drafts the most weight: the short ones' u follows
+    assert m.verify_overhead(1, 1) == pytest.approx(0.06)
+    paired(m, 0.001, 0.013, drafted=5, times=3)  # c of a five-draft step: in plain steps, with its own v
+    assert m.measured_cost_ratio(DRAFT, 1) == pytest.approx(0.001 / 0.013 * 1.30)
+
+
 def test_negative_samples_are_kept_and_the_median_clamped():
     m = costs()
     steps(m, 1, (0.009, 1), (0.010, 0), (0.009, 1))
@@ -187,7 +206,7 @@ def test_kept_medians_equal_medians_read_afresh(short_max_age, seed):
         seconds = rng.uniform(0.01, 0.05)
         if draft is not None:
             m.record_draft(draft, rows, seconds * rng.uniform(0.05, 0.2))
-        m.record_step(seconds if rng.random() < 0.8 else None, rows, rng.randint(0, 3) * rows)
+        m.record_step(seconds if rng.random() < 0.8 else None, rows, rng.randint(0, 5) * rows)
         afresh = copy.copy(m)  # the same samples, nothing kept
         afresh._memo = {}
         for bucket in (1, 2, 4, 8, 16):
@@ -196,4 +215,5 @@ def test_kept_medians_equal_medians_read_afresh(short_max_age, seed):
 
 def read(m, bucket):
     return ([(m.measured_cost_ratio(d, bucket), m.cost_ratio(d, bucket)) for d in ("/a", "/b")]
-            + [m.verify_overhead(2, bucket), m.target_step_s(bucket), m.verify_step_s(bucket), m.draft_forward_s("/a")])
+            + [m.verify_overhead(k, bucket) for k in (1, 2, 5)]
+            + [m.target_step_s(bucket), m.verify_step_s(bucket), m.draft_forward_s("/a")])

@@ -55,6 +55,18 @@ def test_table_sums_over_prompts_per_set_and_policy():
                      "drafted_per_step": 1.5, "accepted_per_draft": 1.0}]
 
 
+def test_shadow_table_reads_the_uncapped_policy_from_the_capped_run():
+    """Prompt 1 2 3 4 5, answer 9 1 2 3 4 5 (9 from the prefill), the repeat lookup (1-8, latest, x1), k 5.
+    Capped: at 7 tokens "1" matches (n 1): whole continuation 2 3 4 5 9, 4 right, the cap keeps 1 (2 tokens);
+    at 9, "1 2 3" (n 3): 4 5 9 1 2, 2 right, kept (3 tokens). Uncapped: at 7, 4 kept (5 tokens), done.
+    Read from the capped run: every step's whole continuation 5 and 3; the uncapped policy's steps only the
+    first (its next would be at 7 + 4 + 1)."""
+    data = {"s": [[[1, 2, 3, 4, 5], [9, 1, 2, 3, 4, 5]]]}
+    (row,) = lookup_replay.shadow_table(data, lookup_replay.SHADOW_POLICY, 5)
+    assert row == {"set": "s", "capped": 2.5, "uncapped": 5.0, "read_every_step": 4.0, "read_free_steps": 5.0,
+                   "steps": [2, 1, 2, 1]}
+
+
 @pytest.mark.parametrize("args, message", [
     (["--first", "0"], "--first >= 1"), (["--sets", "repeat,poems"], "unknown poems; valid: repeat, general"),
     (["-k", "0"], "-k >= 1"),
