@@ -191,6 +191,9 @@ def answers(sets: list[str], max_tokens: int, cache: Path) -> dict[str, list[lis
     return {name: out[name] for name in sets}
 
 
+#: the demo's repeat domain's lookup (drafts.yaml): a match of n tokens drafts n at most (``--shadows``)
+SHADOW_POLICY = Lookup(1, 8, "latest", 1.0)
+
 POLICIES = (Lookup(2, 5), Lookup(2, 5, "latest"), Lookup(1, 5), Lookup(1, 5, "earliest", 1.0),
             Lookup(1, 8, "latest", 1.0), Lookup(1, 24, "latest", 1.0), Lookup(2, 8, "latest", 1.0),
             Lookup(1, 8, "latest", 2.0))
@@ -240,28 +243,29 @@ def main(argv: list[str] | None = None) -> None:
               "ACCEL_DEMO_SUFFIX_PATH names its folder", file=sys.stderr)
     rows = table(data, policies, args.k)
     first = "" if args.first is None else f", first {args.first} prompt(s) per set"
-    print(f"| set | policy (k {args.k}{first}) | tokens/step | drafted/step | accepted per draft |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['set']} | {r['policy']} | {r['tokens_per_step']:.3f} | {r['drafted_per_step']:.2f} "
-              f"| {r['accepted_per_draft']:.2f} |")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
-
-
-#: the demo's repeat domain's lookup (drafts.yaml): a match of n tokens drafts n at most
-SHADOW_POLICY = Lookup(1, 8, "latest", 1.0)
+    print_table([f"set | policy (k {args.k}{first}) | tokens/step | drafted/step | accepted per draft"],
+                [[r["set"], r["policy"], f"{r['tokens_per_step']:.3f}", f"{r['drafted_per_step']:.2f}",
+                  f"{r['accepted_per_draft']:.2f}"] for r in rows], rows, args.json)
 
 
 def print_shadows(rows: list[dict], args) -> None:
-    print(f"| set | {SHADOW_POLICY.name} (k {args.k}): capped | uncapped | uncapped read from every capped step "
-          f"| from the uncapped policy's steps (Shadow.free) | drafting steps (capped, uncapped, read, free) |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['set']} | {r['capped']:.2f} | {r['uncapped']:.2f} | {r['read_every_step']:.2f} "
-              f"| {r['read_free_steps']:.2f} | {', '.join(map(str, r['steps']))} |")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+    print_table([f"set | {SHADOW_POLICY.name} (k {args.k}): capped | uncapped",
+                 "uncapped read from every capped step | from the uncapped policy's steps (Shadow.free)",
+                 "drafting steps (capped, uncapped, read, free)"],
+                [[r["set"], f"{r['capped']:.2f}", f"{r['uncapped']:.2f}", f"{r['read_every_step']:.2f}",
+                  f"{r['read_free_steps']:.2f}", ", ".join(map(str, r["steps"]))] for r in rows], rows, args.json)
+
+
+def print_table(header: list[str], lines: list[list[str]], rows: list[dict], json_path: Path | None) -> None:
+    """A Markdown table: ``header`` (cells, or parts of cells joined by ``|``), one line per ``lines``
+    entry; ``rows`` also written to ``json_path`` as JSON if given."""
+    head = " | ".join(header)
+    print(f"| {head} |")
+    print("|" + "---|" * (head.count("|") + 1))
+    for cells in lines:
+        print("| " + " | ".join(cells) + " |")
+    if json_path:
+        json_path.write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

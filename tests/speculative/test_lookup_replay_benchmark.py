@@ -5,6 +5,7 @@ proposer's prompt lookup does."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -65,6 +66,13 @@ def test_shadow_table_reads_the_uncapped_policy_from_the_capped_run():
     (row,) = lookup_replay.shadow_table(data, lookup_replay.SHADOW_POLICY, 5)
     assert row == {"set": "s", "capped": 2.5, "uncapped": 5.0, "read_every_step": 4.0, "read_free_steps": 5.0,
                    "steps": [2, 1, 2, 1]}
+
+
+def test_print_table_writes_markdown_and_the_rows_as_json(capsys, tmp_path):
+    rows = [{"set": "s", "x": 1.5}]
+    lookup_replay.print_table(["set | x", "y"], [["s", "1.50", "z"]], rows, tmp_path / "t.json")
+    assert capsys.readouterr().out == "| set | x | y |\n|---|---|---|\n| s | 1.50 | z |\n"
+    assert json.loads((tmp_path / "t.json").read_text()) == rows
 
 
 @pytest.mark.parametrize("args, message", [
