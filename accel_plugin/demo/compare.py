@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["CONTROL", "FREE_SET", "GOALS23", "NEVER_SLOWER", "PEER_MARGIN", "comparison", "control_spread",
-           "goals23", "render_comparison", "step_lines"]
+           "config_lines", "goals23", "render_comparison", "step_lines"]
 
 NEVER_SLOWER = 0.98
 PEER_MARGIN = 0.02
@@ -161,6 +161,52 @@ def _free_style_goal(at: dict, goal_domain: str, free_set: str, acceptance: dict
 
 def _f(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+
+
+def _lookup_part(row: dict, lookups: dict) -> str:
+    """A table row's prompt lookups: their tokens, and per lookup its state, k and cap at the row's batch."""
+    if not lookups:
+        return ""
+    caps = {"lifted": " cap lifted", "capped": " capped", "pinned": " capped (taken back)"}
+    each = ", ".join(f"{x['state']} k={x['k']}{caps.get(x.get('cap'), '')}" for x in lookups.values())
+    return f"; lookup {row.get('lookup_accepted', 0)}/{row.get('lookup_drafted', 0)} {each}"
+
+
+def config_lines(cfg: dict) -> list[str]:
+    """One configuration's table (:func:`.report.build_report`'s ``configs[name]``): a line per
+    prompt set and batch size, then the controller and the step model at the end."""
+    lines = []
+    header = (f"  {'domain':<8} {'routed->draft':<34} {'batch':>5} {'plain tok/s':>11} {'spec tok/s':>10} "
+              f"{'ratio':>6} {'pred':>5} {'accepted/drafted':>17} {'accept':>6} {'k':>3} {'c':>6} {'v':>5} "
+              f"{'propose ms':>10}  state")
+    lines.append(header)
+    lines.append("  " + "-" * (len(header) - 2))
+    for r in cfg["rows"]:
+        lookups = r.get("lookups") or {}
+        routed = f"{'/'.join(r['routed'])}->{r['draft'] or ('lookup' if lookups else 'none')}"
+        d = list(r["proposer"].values())
+        one = d[0] if len(d) == 1 else {}
+        lines.append(
+            f"  {r['domain']:<8} {routed:<34} {r['batch']:>5} {r['plain_tokens_per_s']:>11.1f} "
+            f"{r['spec_tokens_per_s']:>10.1f} {_f(r['ratio'], '.2f') + 'x':>6} "
+            f"{_f(r['predicted_speedup'], '.2f'):>5} "
+            f"{(str(r['accepted']) + '/' + str(r['drafted'])):>17} {_f(r['acceptance'], '.2f'):>6} "
+            f"{','.join(str(x['k']) for x in d) or '-':>3} {_f(one.get('c'), '.3f'):>6} "
+            f"{_f(one.get('v'), '.2f'):>5} {_f(r['propose_ms_per_step'], '.2f'):>10}  "
+            f"{', '.join(x['state'] for x in d) or '-'}{_lookup_part(r, lookups)}"
+        )
+    same = sum(r["identical_outputs"] for r in cfg["rows"])
+    total = sum(r["outputs"] for r in cfg["rows"])
+    lines.append("  controller at the end: " + "; ".join(
+        f"{d} {s['state']} k={s['k']}/{s['k_max']} alpha={_f(s['alpha'], '.2f')} "
+        f"c={_f(s.get('cost_ratio'), '.3f')} (size {_f(s.get('cost_ratio_size'), '.3f')}) "
+        f"v={_f(s.get('verify_overhead'), '.2f')}"
+        for d, s in cfg["final"].items() if s.get("draft")))
+    lines.append(f"  propose() {_f(cfg['propose_ms_per_step'], '.1f')} ms per step; greedy outputs identical "
+                 f"to plain decoding (every round): {same}/{total}")
+    lines.append("  controller's step model at the end (predicted vs measured per batch bucket):")
+    lines += step_lines(cfg.get("step_stats"))
+    return lines
 
 
 def render_comparison(rows: list[dict], peers: list[str], skipped: dict[str, str]) -> list[str]:

@@ -41,15 +41,17 @@ def summarise(result: dict, routed: dict[str, list[str]] | None = None) -> dict[
     proposer's counters over all rounds and, for the domains the label's prompts are
     ``routed`` to, the controller's state, k and costs at that batch size after the
     last round (``drafted``/``accepted``: their draft models' or no-draft entries';
-    ``lookup_drafted``: their prompt lookups')."""
+    ``lookup_drafted``/``lookup_accepted``: their prompt lookups', whose state, k, cap
+    and prediction at that batch size are under ``lookups``, per domain)."""
     from ..speculative.lookup import lookup_entry
 
     out: dict[tuple[str, int], dict[str, Any]] = {}
     for run in result["runs"]:
         label, batch, _ = run["name"].split("|")
         entry = out.setdefault((label, int(batch)), {
-            "generated": 0, "rounds": [], "drafted": 0, "accepted": 0, "steps": 0, "lookup_drafted": 0, "token_ids": [],
-            "domains": {}, "propose_steps": 0, "propose_seconds": 0.0, "repeats_identical": True})
+            "generated": 0, "rounds": [], "drafted": 0, "accepted": 0, "steps": 0, "lookup_drafted": 0,
+            "lookup_accepted": 0, "token_ids": [], "domains": {}, "lookups": {}, "propose_steps": 0,
+            "propose_seconds": 0.0, "repeats_identical": True})
         entry["generated"] += run["generated"]
         times = run.get("seconds_all") or [run["seconds"]]
         entry["rounds"] = [a + b for a, b in zip(entry["rounds"], times)] if entry["rounds"] else list(times)
@@ -61,28 +63,39 @@ def summarise(result: dict, routed: dict[str, list[str]] | None = None) -> dict[
         stats = run.get("stats") or {}
         for domain in (routed or {}).get(label, []):
             # the domain's prompt lookup (its own controller entry): counted apart from its draft's
-            entry["lookup_drafted"] += (run.get("delta", {}).get(lookup_entry(domain)) or {}).get("drafted", 0)
+            lookup = run.get("delta", {}).get(lookup_entry(domain))
+            if lookup is not None:
+                entry["lookup_drafted"] += lookup["drafted"]
+                entry["lookup_accepted"] += lookup.get("accepted", 0)
+                entry["lookups"][domain] = _entry_at(stats[lookup_entry(domain)], int(batch), lookup,
+                                                     entry["lookups"].get(domain, {}))
             d = run.get("delta", {}).get(domain)
             if d is None:
                 continue
             for key in ("steps", "drafted", "accepted"):
                 entry[key] += d[key]
-            s, seen = stats[domain], entry["domains"].get(domain, {})
-            at = (s.get("costs_by_bucket") or {}).get(str(int(batch))) or (s.get("costs_by_bucket") or {}).get(int(batch))
-            entry["domains"][domain] = {
-                "state": (at or s)["state"], "k": (at or s)["k"], "k_max": s["k_max"], "alpha": s["alpha"],
-                "c": (at or {}).get("c", s.get("cost_ratio")), "v": (at or {}).get("v", s.get("verify_overhead")),
-                "expected_speedup": (at or {}).get("expected_speedup", s.get("expected_speedup")),
-                "draft": s.get("draft"),
-                # this label's rows only, every round: its draft's acceptance on them
-                "drafted": seen.get("drafted", 0) + d["drafted"], "accepted": seen.get("accepted", 0) + d["accepted"],
-            }
+            entry["domains"][domain] = _entry_at(stats[domain], int(batch), d, entry["domains"].get(domain, {}))
     for entry in out.values():
         entry["seconds"] = statistics.median(entry["rounds"])
         entry["tokens_per_s"] = entry["generated"] / entry["seconds"] if entry["seconds"] else 0.0
         entry["acceptance"] = entry["accepted"] / entry["drafted"] if entry["drafted"] else None
         entry["propose_ms_per_step"] = (1e3 * entry["propose_seconds"] / entry["propose_steps"]
                                         if entry["propose_steps"] else None)
+    return out
+
+
+def _entry_at(s: dict, batch: int, delta: dict, seen: dict) -> dict:
+    """One controller entry's (``s``: its ``stats_dict()``) state, k, costs and prediction at ``batch``,
+    and its counters on a label's rows, every round (``seen`` so far plus this run's ``delta``); for a
+    capped prompt lookup, ``cap``: ``lifted``, ``capped`` or ``pinned`` (taken back for good) there."""
+    at = (s.get("costs_by_bucket") or {}).get(str(batch)) or (s.get("costs_by_bucket") or {}).get(batch)
+    out = {"state": (at or s)["state"], "k": (at or s)["k"], "k_max": s["k_max"], "alpha": s["alpha"],
+           "c": (at or {}).get("c", s.get("cost_ratio")), "v": (at or {}).get("v", s.get("verify_overhead")),
+           "expected_speedup": (at or {}).get("expected_speedup", s.get("expected_speedup")),
+           "draft": s.get("draft"),
+           "drafted": seen.get("drafted", 0) + delta["drafted"], "accepted": seen.get("accepted", 0) + delta["accepted"]}
+    if at and "cap_lifted" in at:
+        out["cap"] = "lifted" if at["cap_lifted"] else "pinned" if at.get("cap_pinned") else "capped"
     return out
 
 
@@ -119,9 +132,13 @@ def acceptance_pass(result: dict, route: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
-def _predicted(row_domains: dict) -> float | None:
-    values = [d["expected_speedup"] for d in row_domains.values() if d.get("expected_speedup") is not None]
-    return values[0] if len(values) == 1 else None
+def _predicted(s: dict) -> float | None:
+    """The row's one prediction: its draft model's; a row no draft model drafted for, its prompt lookup's."""
+    for entries in (s["domains"], s["lookups"] if not s["drafted"] else {}):
+        values = [d["expected_speedup"] for d in entries.values() if d.get("expected_speedup") is not None]
+        if values:
+            return values[0] if len(values) == 1 else None
+    return None
 
 
 def build_report(results: dict[str, dict], routes: dict[str, dict], settings: dict, goal_domain: str,
@@ -149,7 +166,8 @@ def build_report(results: dict[str, dict], routes: dict[str, dict], settings: di
                 "ratio": paired_ratio(base, s), "ratio_per_round": per_round_ratios(base, s),
                 "ratio_all_rounds": total_ratio(base, s),
                 "drafted": s["drafted"], "accepted": s["accepted"], "acceptance": s["acceptance"],
-                "lookup_drafted": s["lookup_drafted"], "proposer": s["domains"], "predicted_speedup": _predicted(s["domains"]),
+                "lookup_drafted": s["lookup_drafted"], "lookup_accepted": s["lookup_accepted"],
+                "proposer": s["domains"], "lookups": s["lookups"], "predicted_speedup": _predicted(s),
                 "propose_ms_per_step": s["propose_ms_per_step"],
                 "identical_outputs": same if s["repeats_identical"] and base["repeats_identical"] else 0,
                 "outputs": len(s["token_ids"]),
@@ -296,7 +314,7 @@ def engine_lines(engines: dict[str, dict]) -> list[str]:
 
 
 def render(report: dict, titles: dict[str, str]) -> str:
-    from .compare import CONTROL, render_comparison, step_lines
+    from .compare import CONTROL, config_lines, render_comparison
 
     lines = []
     st = report["settings"]
@@ -313,41 +331,16 @@ def render(report: dict, titles: dict[str, str]) -> str:
         lines.append(f"machine: {cpu_line(cpu)}")
     lines += engine_lines(report["engines"])
     lines.append("tok/s = the median round; ratio = the median of the rounds' paired ratios; pred = the "
-                 "controller's formula at that batch size; propose ms = the whole propose() call per step")
+                 "controller's formula at that batch size (the draft model's; where none drafted, the prompt "
+                 "lookup's); accepted/drafted, k, c, v, state: the draft models'; lookup: the prompt lookups' "
+                 "tokens, state, k and whether a capped lookup's cap is lifted; propose ms = the whole "
+                 "propose() call per step")
     for name, cfg in report["configs"].items():
         if name in report.get("peers", ()) or name == CONTROL:
             continue
         lines.append("")
         lines.append(titles.get(name, name))
-        header = (f"  {'domain':<8} {'routed->draft':<34} {'batch':>5} {'plain tok/s':>11} {'spec tok/s':>10} "
-                  f"{'ratio':>6} {'pred':>5} {'accepted/drafted':>17} {'accept':>6} {'k':>3} {'c':>6} {'v':>5} "
-                  f"{'propose ms':>10}  state")
-        lines.append(header)
-        lines.append("  " + "-" * (len(header) - 2))
-        for r in cfg["rows"]:
-            routed = f"{'/'.join(r['routed'])}->{r['draft'] or 'none'}"
-            d = list(r["proposer"].values())
-            one = d[0] if len(d) == 1 else {}
-            lines.append(
-                f"  {r['domain']:<8} {routed:<34} {r['batch']:>5} {r['plain_tokens_per_s']:>11.1f} "
-                f"{r['spec_tokens_per_s']:>10.1f} {_fmt(r['ratio'], '.2f') + 'x':>6} "
-                f"{_fmt(r['predicted_speedup'], '.2f'):>5} "
-                f"{(str(r['accepted']) + '/' + str(r['drafted'])):>17} {_fmt(r['acceptance'], '.2f'):>6} "
-                f"{','.join(str(x['k']) for x in d) or '-':>3} {_fmt(one.get('c'), '.3f'):>6} "
-                f"{_fmt(one.get('v'), '.2f'):>5} {_fmt(r['propose_ms_per_step'], '.2f'):>10}  "
-                f"{', '.join(x['state'] for x in d) or '-'}"
-            )
-        same = sum(r["identical_outputs"] for r in cfg["rows"])
-        total = sum(r["outputs"] for r in cfg["rows"])
-        lines.append("  controller at the end: " + "; ".join(
-            f"{d} {s['state']} k={s['k']}/{s['k_max']} alpha={_fmt(s['alpha'], '.2f')} "
-            f"c={_fmt(s.get('cost_ratio'), '.3f')} (size {_fmt(s.get('cost_ratio_size'), '.3f')}) "
-            f"v={_fmt(s.get('verify_overhead'), '.2f')}"
-            for d, s in cfg["final"].items() if s.get("draft")))
-        lines.append(f"  propose() {_fmt(cfg['propose_ms_per_step'], '.1f')} ms per step; greedy outputs identical "
-                     f"to plain decoding (every round): {same}/{total}")
-        lines.append("  controller's step model at the end (predicted vs measured per batch bucket):")
-        lines += step_lines(cfg.get("step_stats"))
+        lines += config_lines(cfg)
     if "comparison" in report:
         lines += render_comparison(report["comparison"], report.get("peers", []),
                                    st.get("skipped_peers") or {})

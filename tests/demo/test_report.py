@@ -255,6 +255,44 @@ def test_a_rows_prompt_lookup_counts_as_drafting_apart_from_its_draft():
     assert comparison({"tuned": {"rows": [row]}}, [])[0]["drafted"] == 0
 
 
+def test_a_rows_prompt_lookup_is_in_the_table_with_its_state_k_cap_and_prediction():
+    # a lookup-only domain (repeat) read "repeat->none ... 0/0 ... no-draft" in the table while its
+    # lookup drafted every row: the table names the lookup, its tokens, state, k and cap at the row's
+    # batch, and predicts by the lookup where no draft model drafted
+    def lookup(steps, drafted, accepted, lifted, pinned=False):
+        s = _stats(steps, drafted, accepted, k=4, c=0.001, predicted=1.7, draft="lookup")
+        s["costs_by_bucket"]["8"].update(k=5, expected_speedup=1.4, cap_lifted=lifted, cap_pinned=pinned)
+        s["costs_by_bucket"]["1"].update(cap_lifted=lifted, cap_pinned=pinned)
+        return s
+
+    keys = [("repeat", 1), ("repeat", 8), ("support", 8)]
+    plain = _result(dict(zip(keys, (100.0, 400.0, 400.0))), None)
+    no_draft = _stats(0, 0, 0, state="no-draft", k=0, predicted=None, draft=None)
+    support = _stats(10, 40, 30, predicted=1.25)
+    tuned = _result(dict(zip(keys, (160.0, 430.0, 420.0))), [
+        {"repeat": no_draft, "repeat/lookup": lookup(10, 30, 20, True), "support": _stats(0, 0, 0)},
+        {"repeat": no_draft, "repeat/lookup": lookup(20, 50, 30, False, True), "support": _stats(0, 0, 0)},
+        {"repeat": no_draft, "repeat/lookup": lookup(20, 50, 30, False, True), "support": support,
+         "support/lookup": lookup(4, 6, 3, False)},
+    ])
+    routes = {"tuned": {"repeat": {"routed": ["repeat"], "draft": None},
+                        "support": {"routed": ["support"], "draft": "support"}}}
+    report = build_report({"plain": plain, "tuned": tuned}, routes, SETTINGS, "support")
+    rows = {(r["domain"], r["batch"]): r for r in report["configs"]["tuned"]["rows"]}
+    one, eight, both = rows[("repeat", 1)], rows[("repeat", 8)], rows[("support", 8)]
+    assert (one["drafted"], one["lookup_drafted"], one["lookup_accepted"]) == (0, 30, 20)
+    assert one["lookups"]["repeat"]["cap"] == "lifted" and eight["lookups"]["repeat"]["cap"] == "pinned"
+    assert (eight["lookup_drafted"], eight["lookup_accepted"], eight["lookups"]["repeat"]["k"]) == (20, 10, 5)
+    assert eight["predicted_speedup"] == pytest.approx(1.4)  # the lookup's S at batch 8, not at batch 1
+    assert both["predicted_speedup"] == pytest.approx(1.25)  # a draft model drafted: the draft's
+    assert both["lookups"]["support"]["cap"] == "capped"
+    table = render(report, {"tuned": "TUNED"})
+    line = next(x for x in table.splitlines() if x.startswith("  repeat ") and " 8 " in x)
+    assert "repeat->lookup" in line and line.endswith("no-draft; lookup 10/20 on k=5 capped (taken back)")
+    line = next(x for x in table.splitlines() if x.startswith("  support ") and " 8 " in x)
+    assert "support->support " in line and line.endswith("on; lookup 3/6 on k=5 capped")
+
+
 def test_free_style_acceptance_is_the_goal_domains_draft_pooled_by_draft_tokens():
     # the free-style set's rows route partly to the default domain (another draft): the goal reads
     # the goal domain's draft on both sets, draft tokens pooled over batch 1 and 8 (not a mean of
