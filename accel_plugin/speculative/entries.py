@@ -50,8 +50,8 @@ class Entry:
         self.error: str | None = None
 
     def window_of(self, choice: Choice | None) -> AcceptanceWindow:
-        """The window that ``choice`` drafts by: ``free`` where it lifted the cap."""
-        return self.free if choice is not None and choice.free and self.free is not None else self.window
+        """The window that ``choice`` drafts by: ``free`` where it lifted the cap (only a capped lookup's can)."""
+        return self.free if choice is not None and choice.free else self.window
 
 
 def lift_cap(free_now: bool, capped: list[float], free: list[float], margin: float) -> bool:
