@@ -93,7 +93,8 @@ def _entry_at(s: dict, batch: int, delta: dict, seen: dict) -> dict:
            "c": (at or {}).get("c", s.get("cost_ratio")), "v": (at or {}).get("v", s.get("verify_overhead")),
            "expected_speedup": (at or {}).get("expected_speedup", s.get("expected_speedup")),
            "draft": s.get("draft"),
-           "drafted": seen.get("drafted", 0) + delta["drafted"], "accepted": seen.get("accepted", 0) + delta["accepted"]}
+           "drafted": seen.get("drafted", 0) + delta["drafted"],
+           "accepted": seen.get("accepted", 0) + delta["accepted"]}
     if at and "cap_lifted" in at:
         out["cap"] = "lifted" if at["cap_lifted"] else "pinned" if at.get("cap_pinned") else "capped"
     return out
