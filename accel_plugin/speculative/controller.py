@@ -208,7 +208,7 @@ class DomainController:
         verdict = self.gate.begin(b, mix) if self._gating else GateState.WARMUP
         if verdict == GateState.OFF and take_back_caps(self._domains[n].choices.get(b) for n in names):
             verdict = self.gate.restart(b, mix)  # measured again, capped
-        if verdict == GateState.OFF:
+        if verdict in (GateState.OFF, GateState.REFERENCE):
             self.gated = True
             return
         probe = verdict == "probe"

@@ -54,7 +54,17 @@ the last 4, :mod:`.step_gate`), and reads the
 whole speedup over its cycles' as the key's factor where that is below the tail factor (measured
 on a 2-core CPU, batch 8 of support prompts: cycle samples 1.19x, tail factor 0.88,
 whole batches 0.93x against a plain engine). An episode with fewer than :data:`MIN_DRAFTING` of its cycles
-drafting says nothing about drafting and is dropped. Per call the work is O(rows).
+drafting says nothing about drafting and gives no factor.
+
+**References.** Such a plain episode is its domain mix's *reference*: the means of its plain cycles per row
+count are that mix's ``p(r)`` for the drafting episodes after it (before every other source but the episode's
+own :data:`MIN_SELF`), measured moments before them on a batch like theirs; for the same prompts its ``P`` is
+exactly its measured time. Pooled and old plain cycles do not price whole batches reliably: on a 2-core CPU a
+support batch of 8 read 1.03-1.05x whole while it ran at 0.93x of a plain engine (and our own engine not
+drafting ran at 0.96-1.12x of it). So the gate (:mod:`.step_gate`) runs a mix's whole batch plain (a
+*reference batch*) after its first drafting one that counted, and again after every :data:`REFERENCE_EVERY`
+(:data:`REFERENCE_SETTLED` where its whole batches paid :data:`.step_gate.SETTLED` times ``min_speedup``).
+Per call the work is O(rows).
 """
 
 from __future__ import annotations
@@ -65,7 +75,8 @@ from dataclasses import dataclass, field
 
 from .costs import lower_quartile
 
-__all__ = ["MIN_DRAFTING", "MIN_OWN", "MIN_SELF", "Episodes", "plain_time", "tail_factor"]
+__all__ = ["MIN_DRAFTING", "MIN_OWN", "MIN_SELF", "REFERENCE_EVERY", "REFERENCE_SETTLED", "Episodes", "plain_time",
+           "tail_factor"]
 
 #: an episode counts (its tail factor and whole speedup) when at least this fraction of its cycles drafted
 MIN_DRAFTING = 0.25
@@ -77,6 +88,10 @@ _KEPT = 32
 MIN_OWN = 3
 #: plain cycles of the episode itself at a row count that make its p(r) there (their mean)
 MIN_SELF = 8
+#: drafting whole batches of a mix that counted between two reference (plain) batches of it
+REFERENCE_EVERY = 3
+#: the same, where the mix's whole batches paid well (a reference batch gives up their gain)
+REFERENCE_SETTLED = 12
 
 
 @dataclass
@@ -87,6 +102,7 @@ class _Episode:
     cycles: list = field(default_factory=list)  #: (rows, tokens, drafted)
     seconds: float = 0.0  #: the time of its cycles
     plain: dict = field(default_factory=dict)  #: rows -> the times of its own plain cycles
+    reference: bool = False  #: run plain, to price the mix's next drafting batches
 
 
 def _plain_at(plain: Mapping[int, float], rows: int) -> float | None:
@@ -154,6 +170,8 @@ class Episodes:
         self._plain: dict[int, deque] = {}  #: rows -> plain cycle times, every mix
         self._own: dict[tuple[frozenset, int], deque] = {}  #: (mix, rows) -> plain cycle times
         self._current: _Episode | None = None
+        self._fresh: dict[frozenset, dict[int, float]] = {}  #: mix -> its last plain episode's p(r)
+        self._drafted: dict[frozenset, int] = {}  #: mix -> drafting episodes counted since its last plain one
         self._cycle: tuple[float | None, int, int, int] | None = None
 
     def record_cycle(self, seconds: float | None, rows: int, tokens: int, drafted: int,
@@ -199,24 +217,33 @@ class Episodes:
             ep.plain.setdefault(cycle[1], []).append(cycle[0])
         return None
 
-    def set_key(self, key: tuple) -> None:
-        """The gate key (bucket, mix) of the step that begins now."""
+    def set_key(self, key: tuple, every: int = 0) -> bool:
+        """The gate key (bucket, mix) of the step that begins now; whether it runs plain, its batch being
+        a reference: at its first step ``every`` > 0 makes it one where its mix has none yet after a
+        drafting episode that counted, or had ``every`` drafting episodes since its last."""
         ep = self._current
-        if ep is not None:
-            ep.key = key if ep.key is None else ep.key
-            if key[0] == ep.key[0]:
-                ep.keys.add(key)
+        if ep is None:
+            return False
+        if ep.key is None:
+            ep.key, n = key, self._drafted.get(key[1], 0)
+            ep.reference = every > 0 and n >= (every if key[1] in self._fresh else 1)
+        if key[0] == ep.key[0]:
+            ep.keys.add(key)
+        return ep.reference
 
     def _finish(self, ep: _Episode) -> tuple[list, float, float] | None:
         if ep.key is None or not ep.cycles:
             return None
-        drafting = sum(1 for _, _, d in ep.cycles if d)
+        drafting, mix = sum(1 for _, _, d in ep.cycles if d), ep.key[1]
         if drafting < MIN_DRAFTING * len(ep.cycles):
+            self._fresh[mix], self._drafted[mix] = {r: sum(t) / len(t) for r, t in ep.plain.items()}, 0
             return None
-        plain = self.plain_times(ep.key[1])
+        plain = self.plain_times(mix)
+        plain.update(self._fresh.get(mix, {}))
         plain.update({r: sum(times) / len(times) for r, times in ep.plain.items() if len(times) >= MIN_SELF})
         plain_s = plain_time(list(ep.rows.values()), plain)
         factor = _ratio(plain_s, _credit(ep.cycles, plain))
         if factor is None:
             return None
+        self._drafted[mix] = self._drafted.get(mix, 0) + 1
         return sorted(ep.keys, key=repr), factor, plain_s / ep.seconds

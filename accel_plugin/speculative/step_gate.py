@@ -28,7 +28,9 @@ over its measured time, everything included: the draft's prefill, catch-ups, the
 last 4 below ``min_speedup`` switches it off at once (two bad of 3-4, not one noisy batch after good ones); one
 below its cycles times the tail factor makes its factor whole over cycles (cycles pair with rare calibration
 steps). Where its last 4 whole batches paid (lower median at least ``min_speedup * (1 + hysteresis)``) an on key's
-cycles do not switch it off (at batch 1 few cycles pair: a drafting one beside a calibration step).
+cycles do not switch it off (at batch 1 few cycles pair: a drafting one beside a calibration step). A whole batch
+that starts at a key not off, above batch 1, may run plain as its mix's *reference* (:mod:`.episodes`; the
+verdict ``reference``): the drafting ones after it are priced by its plain steps.
 
 **Gate.** Per key: ``warmup`` until ``gate_min_samples`` samples, then ``on`` or ``off`` by the measured speedup of
 the last ``gate_window`` (times the factor): on goes off below ``min_speedup``, off goes on at ``min_speedup * (1 +
@@ -60,18 +62,16 @@ from statistics import median_low
 
 from .costs import measured_speedup, median, nearest
 from .draft_config.schema import ControllerConfig
-from .episodes import Episodes
+from .episodes import REFERENCE_EVERY, REFERENCE_SETTLED, Episodes
 
 __all__ = ["ADJACENT", "MAX_BACKOFF", "SETTLED", "GateKey", "GateState", "StepGate", "mix_name", "probe_interval"]
 
-#: a drafting and a plain cycle pair when at most this many timed cycles apart
-ADJACENT = 3
-#: times kept per bucket for the readings (cycle_ms, draft_ms ...)
-_KEPT = 64
-#: doublings of the probe interval of a key a whole batch switched off
-MAX_BACKOFF = 2
+ADJACENT = 3  #: a drafting and a plain cycle pair when at most this many timed cycles apart
+_KEPT = 64  #: times kept per bucket for the readings (cycle_ms, draft_ms ...)
+MAX_BACKOFF = 2  #: doublings of the probe interval of a key a whole batch switched off
 _FACTORS = 4  #: factors of whole batches kept per key
-#: an on key measuring this many times ``min_speedup`` needs no early calibration steps
+#: an on key measuring this many times ``min_speedup`` needs no early calibration steps (its whole batches: fewer
+#: reference batches)
 SETTLED = 1.25
 
 
@@ -96,6 +96,7 @@ class GateState:
     WARMUP = "warmup"  #: fewer than gate_min_samples samples: the per-domain decisions alone
     ON = "on"  #: drafting pays by the measured cycles
     OFF = "off"  #: no row drafts, except probes
+    REFERENCE = "reference"  #: no row drafts: a whole batch run plain to price the drafting ones (episodes)
 
 
 @dataclass
@@ -285,14 +286,16 @@ class StepGate:
     # ------------------------------------------------------------------ deciding
 
     def begin(self, bucket: int, mix: Iterable[str] = ()) -> str:
-        """This step's verdict at ``bucket`` for the domain ``mix`` of its rows:
-        ``on``/``warmup`` (draft as planned), ``off`` (no row drafts) or ``probe``
-        (draft, to re-measure)."""
+        """This step's verdict at ``bucket`` for the domain ``mix`` of its rows: ``on``/``warmup`` (draft as
+        planned), ``off`` (no row drafts), ``probe`` (draft, to re-measure) or ``reference`` (no row drafts)."""
         key = (bucket, frozenset(mix))
         at = self._buckets.get(key) or self._new_key(key)
         at.steps += 1
         self._current = (key, False)
-        self.episodes.set_key(key)
+        settled = len(at.whole) and median_low(at.whole) >= SETTLED * self.cfg.min_speedup
+        every = (REFERENCE_SETTLED if settled else REFERENCE_EVERY) if bucket > 1 and key[1] else 0
+        if self.episodes.set_key(key, every if at.state != GateState.OFF else 0):
+            return GateState.REFERENCE
         if at.state != GateState.OFF:
             at.probe_left = 0
             return at.state
@@ -314,8 +317,7 @@ class StepGate:
         return at.state
 
     def state(self, bucket: int, mix: Iterable[str] = ()) -> str:
-        at = self._buckets.get((bucket, frozenset(mix)))
-        return GateState.WARMUP if at is None else at.state
+        return getattr(self._buckets.get((bucket, frozenset(mix))), "state", GateState.WARMUP)
 
     def samples(self, bucket: int, mix: Iterable[str] | None = None) -> int:
         """Samples at ``bucket`` so far (not only the window), for ``mix`` (``None``: every mix)."""
@@ -386,9 +388,7 @@ class StepGate:
 
     def summary(self) -> list[str]:
         """One part per bucket (and per mix where a bucket has several), for the periodic log."""
-        def x(value: float | None) -> str:
-            return "n/a" if value is None else f"{value:.2f}x"
-
+        x = lambda value: "n/a" if value is None else f"{value:.2f}x"  # noqa: E731
         parts = []
         for b, g in self.stats().items():
             mixes = "" if len(g["mixes"]) < 2 else " (" + ", ".join(
