@@ -28,9 +28,11 @@ over its measured time, everything included: the draft's prefill, catch-ups, the
 last 4 below ``min_speedup`` switches it off at once (two bad of 3-4, not one noisy batch after good ones); one
 below its cycles times the tail factor makes its factor whole over cycles (cycles pair with rare calibration
 steps). Where its last 4 whole batches paid (lower median at least ``min_speedup * (1 + hysteresis)``) an on key's
-cycles do not switch it off (at batch 1 few cycles pair: a drafting one beside a calibration step). A whole batch
-that starts at a key not off, above batch 1, may run plain as its mix's *reference* (:mod:`.episodes`; the
-verdict ``reference``): the drafting ones after it are priced by its plain steps.
+cycles do not switch it off (at batch 1 few cycles pair: a drafting one beside a calibration step); above batch 1,
+where they did not, an off key's cycles do not switch it on for ``gate_window`` samples after the last (probe cycles
+at batch 8 read 1.17x where the whole batches read 1.00x, and the next read 0.87x). A whole batch that starts at a
+key not off, above batch 1, may run plain as its mix's *reference* (:mod:`.episodes`; the verdict ``reference``):
+the drafting ones after it are priced by its plain steps.
 
 **Gate.** Per key: ``warmup`` until ``gate_min_samples`` samples, then ``on`` or ``off`` by the measured speedup of
 the last ``gate_window`` (times the factor): on goes off below ``min_speedup``, off goes on at ``min_speedup * (1 +
@@ -48,9 +50,8 @@ the next, up to :data:`MAX_BACKOFF` doublings (at batch 1, 16 steps then 32 then
 speedups, or a factor that brings an on key below ``min_speedup`` where its cycles alone are above) starts at
 :data:`MAX_BACKOFF` doublings (a whole batch is stronger evidence than a cycle), and so does a key that starts off
 (a probe drafts for every row and draft of its mix); any other switch resets the interval. A key whose drafting
-changed (a lifted lookup cap taken back) starts over in warm-up (:meth:`StepGate.restart`).
-
-The step model (:func:`.step_model.plan_step`) predicts; this gate measures.
+changed (a lifted lookup cap taken back) starts over in warm-up (:meth:`StepGate.restart`). The step model
+(:func:`.step_model.plan_step`) predicts; this gate measures.
 """
 
 from __future__ import annotations
@@ -70,9 +71,7 @@ ADJACENT = 3  #: a drafting and a plain cycle pair when at most this many timed 
 _KEPT = 64  #: times kept per bucket for the readings (cycle_ms, draft_ms ...)
 MAX_BACKOFF = 2  #: doublings of the probe interval of a key a whole batch switched off
 _FACTORS = 4  #: factors of whole batches kept per key
-#: an on key measuring this many times ``min_speedup`` needs no early calibration steps (its whole batches: fewer
-#: reference batches)
-SETTLED = 1.25
+SETTLED = 1.25  #: x ``min_speedup``: no more early calibration steps (cycles), fewer reference batches (whole)
 
 
 def probe_interval(base: int, bucket: int, backoff: int) -> int:
@@ -110,13 +109,13 @@ class _Bucket:
     probe_left: int = 0  #: probe steps still to run (2: catch-up next, 1: measured next)
     samples: deque = field(default_factory=deque)
     total_samples: int = 0
+    whole_at: int = 0  #: total_samples when its last whole speedup arrived
     backoff: int = 0  #: doublings of the probe interval (MAX_BACKOFF after a whole batch's switch)
     factors: deque = field(default_factory=lambda: deque(maxlen=_FACTORS))  #: what the cycles are read times
     tails: deque = field(default_factory=lambda: deque(maxlen=_FACTORS))  #: tail factors (episodes), for readings
     whole: deque = field(default_factory=lambda: deque(maxlen=_FACTORS))  #: whole speedups (drafting episodes)
     last: dict = field(default_factory=dict)  #: drafting?: (tokens, seconds, rows, cycle index)
-    #: the bucket whose off verdict it started with: a smaller one of its mix, or its own (each domain off alone)
-    inherited: int | None = None
+    inherited: int | None = None  #: the bucket whose off verdict it started with (:meth:`StepGate._new_key`)
     plain_cycles: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
     draft_cycles: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
     draft_s: deque = field(default_factory=lambda: deque(maxlen=_KEPT))
@@ -205,8 +204,7 @@ class StepGate:
             self.record_episode(key, done[1], done[2])
 
     def record_episode(self, key: GateKey, factor: float, speedup: float | None = None) -> None:
-        """A whole batch began at ``key``: its tail ``factor`` and, where known, its whole ``speedup`` (its
-        last 4's lower median below ``min_speedup``: an on key goes off at once; below cycles x factor: the factor)."""
+        """A whole batch began at ``key``: its tail ``factor``, where known its whole ``speedup`` (module docstring)."""
         at = self._at(key)
         at.tails.append(min(1.0, factor))
         if speedup is not None and len(at.samples) >= self.cfg.gate_min_samples:
@@ -214,6 +212,7 @@ class StepGate:
         at.factors.append(min(1.0, factor))
         if speedup is not None:
             at.whole.append(speedup)
+            at.whole_at = at.total_samples
             if at.state == GateState.ON and median_low(at.whole) < self.cfg.min_speedup:
                 self._switch(at, GateState.OFF, backoff=MAX_BACKOFF)
                 return
@@ -268,8 +267,9 @@ class StepGate:
             return
         is_on = at.state == GateState.ON
         want_on = m >= cfg.min_speedup * (1.0 if is_on else 1.0 + cfg.hysteresis)
-        if is_on and not want_on and len(at.whole) == _FACTORS:  # its last whole batches paid: they hold it on
-            want_on = median_low(at.whole) >= cfg.min_speedup * (1.0 + cfg.hysteresis)
+        recent = at.bucket > 1 and at.whole and at.total_samples - at.whole_at < cfg.gate_window
+        if (is_on and not want_on and len(at.whole) == _FACTORS) or (want_on and not is_on and recent):
+            want_on = median_low(at.whole) >= cfg.min_speedup * (1.0 + cfg.hysteresis)  # whole batches hold it
         if want_on == is_on:
             at.pending = 0
             return
@@ -292,9 +292,9 @@ class StepGate:
         at = self._buckets.get(key) or self._new_key(key)
         at.steps += 1
         self._current = (key, False)
-        settled = len(at.whole) and median_low(at.whole) >= SETTLED * self.cfg.min_speedup
-        every = (REFERENCE_SETTLED if settled else REFERENCE_EVERY) if bucket > 1 and key[1] else 0
-        if self.episodes.set_key(key, every if at.state != GateState.OFF else 0):
+        every = 0 if bucket == 1 or not key[1] or at.state == GateState.OFF else REFERENCE_SETTLED if (
+            median_low(at.whole or [0.0]) >= SETTLED * self.cfg.min_speedup) else REFERENCE_EVERY
+        if self.episodes.set_key(key, every):
             return GateState.REFERENCE
         if at.state != GateState.OFF:
             at.probe_left = 0
