@@ -126,6 +126,28 @@ def test_whole_batches_that_paid_hold_an_on_key_against_cycles_that_read_low():
         assert g.state(*key) == ("on" if stays else "off"), wholes
 
 
+@pytest.mark.parametrize("bucket", [8, 1])
+def test_above_batch_1_recent_whole_batches_that_lost_hold_an_off_key_off_against_its_cycles(bucket):
+    """Demo of 2026-12-07 at 7f11dc1, support-free at batch 8: its key off, a whole batch read 1.00x,
+    then its probes' cycles read 1.17x and switched it on, and its next whole batch read 0.87x. Whole
+    batches that did not pay (below min_speedup x (1 + hysteresis)) hold an off key off for gate_window
+    samples; at batch 1 (whole requests read low beside rows that pay) they do not."""
+    g = gate()
+    key = (bucket, frozenset({"support"}))
+    on_at(g, key, 0.8)
+    assert g.state(*key) == "off"
+    g.record_episode(key, 1.0, 1.00)
+    on_at(g, key, 1.6, samples=2)  # 4 samples (each cycle pairs with the one before), 3 of them at 1.6x
+    assert g.state(*key) == ("off" if bucket > 1 else "on")
+    on_at(g, key, 1.6, samples=1)  # the whole batch is gate_window samples old: the cycles decide again
+    assert g.state(*key) == "on"
+    g = gate()
+    on_at(g, key, 0.8)
+    g.record_episode(key, 1.0, 1.10)  # a whole batch that paid holds nothing off
+    on_at(g, key, 1.6, samples=2)
+    assert g.state(*key) == "on"
+
+
 def test_an_episodes_plain_time_is_its_own_mixs_where_measured_else_every_mixs():
     """A plain step's time depends on its rows' contexts: a support batch's plain time is
     read from support's plain cycles, not from the median over every mix the engine ran."""

@@ -1,6 +1,5 @@
 """Reference batches (accel_plugin/speculative/episodes.py, step_gate.py): a whole batch of a domain
-mix run plain after its drafting ones, whose plain steps then price the drafting batches after it; and
-above batch 1, whole batches that lost holding an off key off against its cycles."""
+mix run plain after its drafting ones, whose plain steps then price the drafting batches after it."""
 
 from __future__ import annotations
 
@@ -95,34 +94,3 @@ def test_a_reference_step_drafts_nothing_and_takes_no_lookup_cap_back():
     ctl.step(4, {"a"}, ["a"] * 4)
     assert ctl.gated and ctl.k_for("a") == 0 and not restarted
 
-
-def on_at(g: StepGate, key, speedup: float, samples: int = 4) -> None:
-    """``samples`` pairs of a plain and a drafting cycle at ``key``, drafting ``speedup`` times faster."""
-    bucket, mix = key
-    for _ in range(samples):
-        g.begin(bucket, mix)
-        g.record_cycle(0.1, bucket, bucket, bucket, 0)
-        g.begin(bucket, mix)
-        g.record_cycle(0.1 / speedup, bucket, bucket, bucket, bucket)
-
-
-@pytest.mark.parametrize("bucket", [8, 1])
-def test_above_batch_1_recent_whole_batches_that_lost_hold_an_off_key_off_against_its_cycles(bucket):
-    """Demo of 2026-12-07 at 7f11dc1, support-free at batch 8: its key off, a whole batch read 1.00x,
-    then its probes' cycles read 1.17x and switched it on, and its next whole batch read 0.87x. Whole
-    batches that did not pay (below min_speedup x (1 + hysteresis)) hold an off key off for gate_window
-    samples; at batch 1 (whole requests read low beside rows that pay) they do not."""
-    g = StepGate(ControllerConfig(gate_min_samples=2, gate_window=4))
-    key = (bucket, MIX)
-    on_at(g, key, 0.8)
-    assert g.state(*key) == GateState.OFF
-    g.record_episode(key, 1.0, 1.00)
-    on_at(g, key, 1.6, samples=2)  # 4 samples (each cycle pairs with the one before), 3 of them at 1.6x
-    assert g.state(*key) == (GateState.OFF if bucket > 1 else GateState.ON)
-    on_at(g, key, 1.6, samples=1)  # the whole batch is gate_window samples old: the cycles decide again
-    assert g.state(*key) == GateState.ON
-    g = StepGate(ControllerConfig(gate_min_samples=2, gate_window=4))
-    on_at(g, key, 0.8)
-    g.record_episode(key, 1.0, 1.10)  # a whole batch that paid holds nothing off
-    on_at(g, key, 1.6, samples=2)
-    assert g.state(*key) == GateState.ON
