@@ -217,6 +217,11 @@ class Episodes:
             ep.plain.setdefault(cycle[1], []).append(cycle[0])
         return None
 
+    @property
+    def starting(self) -> bool:
+        """Whether the step that begins now is the first of a whole batch (:meth:`set_key` decides its reference)."""
+        return self._current is not None and self._current.key is None
+
     def set_key(self, key: tuple, every: int = 0) -> bool:
         """The gate key (bucket, mix) of the step that begins now; whether it runs plain, its batch being
         a reference: at its first step ``every`` > 0 makes it one where its mix has none yet after a

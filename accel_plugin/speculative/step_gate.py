@@ -292,8 +292,8 @@ class StepGate:
         at = self._buckets.get(key) or self._new_key(key)
         at.steps += 1
         self._current = (key, False)
-        every = 0 if bucket == 1 or not key[1] or at.state == GateState.OFF else REFERENCE_SETTLED if (
-            median_low(at.whole or [0.0]) >= SETTLED * self.cfg.min_speedup) else REFERENCE_EVERY
+        every = 0 if not self.episodes.starting or bucket == 1 or not key[1] or at.state == GateState.OFF else (
+            REFERENCE_SETTLED if median_low(at.whole or [0.0]) >= SETTLED * self.cfg.min_speedup else REFERENCE_EVERY)
         if self.episodes.set_key(key, every):
             return GateState.REFERENCE
         if at.state != GateState.OFF:
